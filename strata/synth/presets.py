@@ -14,6 +14,7 @@ GGML = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9, "Q2_K": 10, "Q3_K": 11,
     "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19,
     "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ4_XS": 23, "IQ1_M": 29, "BF16": 30, "MXFP4": 39, "Q2_0": 42,
+    "TIED": -1,  # output role only: no output.weight, the head reuses token_embd
 }
 # (weights per block, bytes per block): ggml's type traits (ggml.c `type_traits`).
 BLOCK = {
@@ -101,4 +102,32 @@ PRESETS: dict[str, ModelShape] = {
                               types=_mix(embd="Q4_K", output="Q6_K", attn_q="Q4_K", attn_k="Q4_K",
                                          attn_v="Q6_K", attn_output="Q4_K", exp_gate="IQ2_XS",
                                          exp_up="IQ2_XS", exp_down="IQ4_NL", shexp="Q8_0")),
+}
+
+
+# --- tiny presets: ours, <= 2 MB each, for tests and golden files. Between them they cover every weight type of
+# SPEC §1's required list (K- and i-quants included); vocabularies come from the shared tiny BPE (1,024 tokens).
+_TINY_V = 1024
+PRESETS |= {
+    "tiny-qwen3moe": ModelShape(
+        "qwen3moe", 2, 256, 4, 2, 64, 8, 2, 128, _TINY_V, n_ctx=512, rope_base=1e6,
+        types=_mix(embd="Q4_K", output="Q6_K", attn_q="Q5_K", attn_k="Q5_K", attn_v="Q8_0", attn_output="Q4_0",
+                   exp_gate_AT_0="Q4_K", exp_up_AT_0="Q4_K", exp_down_AT_0="Q8_0",
+                   exp_gate_AT_1="IQ2_XS", exp_up_AT_1="IQ2_XS", exp_down_AT_1="IQ4_NL")),
+    "tiny-mixtral": ModelShape(
+        "llama", 2, 256, 4, 2, 64, 4, 2, 256, _TINY_V, n_ctx=512, rope_base=1e6, rms_eps=1e-5,
+        types=_mix(embd="Q8_0", output="TIED", attn_q="Q4_1", attn_k="Q5_0", attn_v="Q5_1", attn_output="Q4_1",
+                   exp_gate_AT_0="Q3_K", exp_up_AT_0="Q3_K", exp_down_AT_0="Q6_K",
+                   exp_gate_AT_1="IQ3_XXS", exp_up_AT_1="IQ3_XXS", exp_down_AT_1="Q5_K")),
+    "tiny-qwen2moe": ModelShape(
+        "qwen2moe", 2, 256, 4, 4, 64, 8, 2, 128, _TINY_V, n_ctx=512, n_ff_shexp=128, rope_base=1e6,
+        types=_mix(embd="Q5_K", output="Q8_0", attn_q="Q6_K", attn_k="Q6_K", attn_v="Q8_0", attn_output="Q5_1",
+                   router="BF16", shexp="Q8_0", shexp_gate="F16",
+                   exp_gate_AT_0="IQ3_S", exp_up_AT_0="IQ3_S", exp_down_AT_0="Q5_0",
+                   exp_gate_AT_1="Q2_K", exp_up_AT_1="Q2_K", exp_down_AT_1="Q4_1")),
+    "tiny-olmoe": ModelShape(
+        "olmoe", 2, 256, 4, 4, 64, 8, 2, 128, _TINY_V, n_ctx=512, rope_base=1e4, rms_eps=1e-5,
+        types=_mix(embd="F16", output="Q4_K", attn_q="Q8_0", attn_k="Q8_0", attn_v="Q4_0", attn_output="Q8_0",
+                   exp_gate_AT_0="IQ4_XS", exp_up_AT_0="IQ4_XS", exp_down_AT_0="Q5_1",
+                   exp_gate_AT_1="IQ2_XXS", exp_up_AT_1="IQ2_XXS", exp_down_AT_1="Q2_0")),
 }

@@ -1,0 +1,76 @@
+"""Token sampling shared by every engine: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed.
+
+The chain follows llama.cpp's default sampler order (`common/sampling.cpp`): penalties -> top-k -> top-p ->
+min-p -> temperature -> draw. Arithmetic is float64 on the host, so every engine samples the same token from
+the same logits and seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.mathfn import exp64
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.8     # <= 0 means greedy
+    top_k: int = 40              # 0 = off
+    top_p: float = 0.95          # 1.0 = off
+    min_p: float = 0.05          # 0.0 = off
+    repeat_penalty: float = 1.0  # 1.0 = off; llama.cpp's `penalty_repeat`
+    repeat_last_n: int = 64      # how many recent tokens the penalty looks at
+    seed: int = 0
+
+    def __post_init__(self):
+        assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
+        assert 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"
+        assert 0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"
+        assert self.repeat_penalty > 0.0, f"repeat_penalty must be positive, got {self.repeat_penalty}"
+        assert self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def greedy_token(logits: np.ndarray) -> int:
+    """argmax; ties go to the lowest id (numpy's argmax returns the first maximum)."""
+    return int(np.argmax(logits))
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.p = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        p = self.p
+        x = np.asarray(logits, np.float64).copy()
+        if p.repeat_penalty != 1.0 and p.repeat_last_n > 0 and history:
+            recent = np.unique(np.asarray(history[-p.repeat_last_n:], np.int64))
+            v = x[recent]  # llama.cpp: divide positive logits, multiply negative ones
+            x[recent] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        if p.greedy:
+            return greedy_token(x)
+        ids = np.argsort(-x, kind="stable")                       # candidates, best first
+        if p.top_k > 0:
+            ids = ids[:p.top_k]
+        probs = exp64(x[ids] - x[ids[0]])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            ids, probs = ids[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]
+            ids, probs = ids[keep], probs[keep]
+        z = (x[ids] - x[ids[0]]) / p.temperature
+        probs = exp64(z)
+        probs /= probs.sum()
+        u = self.rng.random()
+        return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="right")), len(ids) - 1)])
