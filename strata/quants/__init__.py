@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.quants import act, floats, legacy  # noqa: F401  (importing registers the classes)
+from strata.quants import act, floats, iq1, iq4, iquants, kquants, legacy, q2_0  # noqa: F401  (importing registers the classes)
 from strata.quants.base import QuantType, UnsupportedQuantType, get, registered, type_name
 
 __all__ = ["QuantType", "UnsupportedQuantType", "get", "registered", "type_name",
