@@ -6,6 +6,8 @@ Every class works on packed blocks shaped ``(n_blocks, type_size)`` (uint8) and 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _REGISTRY: dict[int, type["QuantType"]] = {}
@@ -30,6 +32,7 @@ class QuantType:
     block_size: int = 0
     type_size: int = 0
     vec_dot_type: int = -1
+    weight: bool = True  # False for the activation-only formats (Q8_1, Q8_K): no vec_dot, no random_blocks
 
     def __init_subclass__(cls, qtype: int | None = None, **kw):
         super().__init_subclass__(**kw)
@@ -52,9 +55,34 @@ class QuantType:
         raise NotImplementedError
 
     @classmethod
+    def random_blocks(cls, rng: np.random.Generator, n_blocks: int, scale: float) -> np.ndarray:
+        """Random valid blocks [n_blocks, S] uint8 (finite scales, codes in range) whose dequantised
+        weights have an RMS of roughly ``scale``. Fast (mostly raw random bytes), for synthetic models."""
+        return cls._random(rng, int(n_blocks), float(scale) / _unit_rms(cls))
+
+    @classmethod
+    def _random(cls, rng: np.random.Generator, n_blocks: int, d: float) -> np.ndarray:
+        """Random valid blocks whose super-scale holds ``d``; their RMS is proportional to ``d``."""
+        raise NotImplementedError
+
+    @classmethod
+    def vec_dot(cls, w: np.ndarray, a: np.ndarray) -> np.ndarray:
+        """q8-path dot products (docs/NUMERICS.md): w [N, B, S] uint8 weight rows, a [T, Ba, Sa] uint8
+        activation rows already in ``vec_dot_type`` -> [T, N] float32. The class docstring gives the
+        exact float32 block formula."""
+        raise NotImplementedError
+
+    @classmethod
     def row_bytes(cls, n: int) -> int:
         assert n % cls.block_size == 0, f"{cls.name}: row of {n} is not a whole number of {cls.block_size}-blocks"
         return n // cls.block_size * cls.type_size
+
+
+@functools.cache
+def _unit_rms(cls: type[QuantType]) -> float:
+    """RMS of ``cls._random(..., d=1)`` blocks, measured once on a fixed sample (random_blocks divides by it)."""
+    w = cls.dequantize(cls._random(np.random.default_rng(0), 512, 1.0)).astype(np.float64)
+    return float(np.sqrt(np.mean(w * w)))
 
 
 def get(qtype: int) -> type[QuantType]:
