@@ -109,6 +109,20 @@ def meta_get(meta: dict, arch: str, key: str, default=None, *, required=True):
     raise InconsistentConfig(f"{arch}: metadata key {full} is missing")
 
 
+def vocab_size(gf: GGUFFile, arch: str) -> int:
+    """The tokenizer's size where it has one (llama.cpp's n_vocab), else `{arch}.vocab_size`, else the
+    embedding's row count."""
+    toks = gf.metadata.get("tokenizer.ggml.tokens")
+    if toks:
+        return len(toks)
+    if f"{arch}.vocab_size" in gf.metadata:
+        return int(gf.metadata[f"{arch}.vocab_size"])
+    t = gf.tensors.get("token_embd.weight")
+    if t is None:
+        raise MissingTensor(f"{gf.path}: no tokenizer, no {arch}.vocab_size and no token_embd.weight")
+    return int(t.ne[1])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ExpertSlices:

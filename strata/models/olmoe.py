@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from strata.gguf_file import GGUFFile
 from strata.models import common
-from strata.models.base import MoEConfig, QKNorm, Routing, meta_get
+from strata.models.base import MoEConfig, QKNorm, Routing, meta_get, vocab_size
 
 ARCH = "olmoe"
 
@@ -24,7 +24,7 @@ def config_from_gguf(gf: GGUFFile) -> MoEConfig:
         # the converter writes the expert size as feed_forward_length (notes/tooling.md §2.2)
         n_ff_exp=meta_get(m, ARCH, "expert_feed_forward_length", None, required=False)
         or meta_get(m, ARCH, "feed_forward_length"),
-        n_vocab=len(m.get("tokenizer.ggml.tokens", ())) or meta_get(m, ARCH, "vocab_size"),
+        n_vocab=vocab_size(gf, ARCH),
         n_ctx_train=meta_get(m, ARCH, "context_length"), rope_base=meta_get(m, ARCH, "rope.freq_base", 1e4),
         rms_eps=meta_get(m, ARCH, "attention.layer_norm_rms_epsilon"), rope_neox=True,
         qk_norm=QKNorm.FULL, routing=Routing.SOFTMAX_TOPK,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from strata.gguf_file import GGUFFile
 from strata.models import common
-from strata.models.base import MoEConfig, QKNorm, Routing, meta_get
+from strata.models.base import MoEConfig, QKNorm, Routing, meta_get, vocab_size
 
 ARCH = "qwen2moe"
 
@@ -23,7 +23,7 @@ def config_from_gguf(gf: GGUFFile) -> MoEConfig:
         n_head_kv=meta_get(m, ARCH, "attention.head_count_kv", H), head_dim=hd,
         n_rot=meta_get(m, ARCH, "rope.dimension_count", hd),
         n_expert=meta_get(m, ARCH, "expert_count"), n_expert_used=meta_get(m, ARCH, "expert_used_count"),
-        n_ff_exp=F, n_vocab=len(m.get("tokenizer.ggml.tokens", ())) or meta_get(m, ARCH, "vocab_size"),
+        n_ff_exp=F, n_vocab=vocab_size(gf, ARCH),
         n_ctx_train=meta_get(m, ARCH, "context_length"), rope_base=meta_get(m, ARCH, "rope.freq_base", 1e6),
         rms_eps=meta_get(m, ARCH, "attention.layer_norm_rms_epsilon"), rope_neox=True,
         qk_norm=QKNorm.NONE, routing=Routing.SOFTMAX_TOPK, qkv_bias=True,

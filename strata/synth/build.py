@@ -40,8 +40,9 @@ def shape_config(shape: ModelShape) -> MoEConfig:
     return MoEConfig(
         arch=arch, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head, n_head_kv=shape.n_head_kv,
         head_dim=shape.head_dim, n_rot=shape.head_dim, n_expert=shape.n_expert, n_expert_used=shape.n_expert_used,
-        n_ff_exp=shape.n_ff_exp, n_vocab=shape.n_vocab, n_ctx_train=shape.n_ctx, rope_base=shape.rope_base,
-        rms_eps=shape.rms_eps, rope_neox=arch != "llama",
+        n_ff_exp=shape.n_ff_exp, n_vocab=shape.n_vocab, n_ctx_train=shape.n_ctx,
+        rope_base=float(np.float32(shape.rope_base)), rms_eps=float(np.float32(shape.rms_eps)),  # stored as f32
+        rope_neox=arch != "llama",
         qk_norm={"qwen3moe": QKNorm.PER_HEAD, "olmoe": QKNorm.FULL}.get(arch, QKNorm.NONE),
         routing=Routing.SOFTMAX_TOPK_RENORM if arch in ("qwen3moe", "llama") else Routing.SOFTMAX_TOPK,
         qkv_bias=arch == "qwen2moe", n_ff_shexp=shape.n_ff_shexp, tied_output=tied)
@@ -185,7 +186,11 @@ def synthesise(shape: ModelShape, out: str, *, seed: int = 0, skew: float = DEFA
     arch_metadata(w, shape, cfg)
     w.add("strata.synth.seed", int(seed), 4)
     w.add("strata.synth.routing_skew", float(skew))
-    for k, v in (tokenizer_meta or {}).items():
+    if tokenizer_meta is None:
+        from strata.synth.vocab import tokenizer_meta_for
+
+        tokenizer_meta = tokenizer_meta_for(shape)
+    for k, v in tokenizer_meta.items():
         w.add(k, v, *TOKENIZER_KEY_TYPES.get(k, (None, None)))
     req, opt = arch_module(shape.arch).tensor_specs(cfg)
     for tname, ne in req.items():

@@ -1,0 +1,133 @@
+"""The Device interface: what the GPU engine needs from a device, implemented by CUDA (cuda.py, CuPy) and by a
+host twin (host.py, numpy + one thread per stream) so the engine's orchestration runs in CI without a GPU.
+
+Semantics follow CUDA's: work enqueued on a stream runs in order; an event recorded on a stream completes when
+everything enqueued before it has run; `stream.wait(event)` makes later work on that stream wait for the event
+as recorded at the time of the call. Host-side calls never block unless they say so (synchronize).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+
+class DeviceError(RuntimeError):
+    pass
+
+
+class OutOfDeviceMemory(DeviceError):
+    pass
+
+
+class Event(abc.ABC):
+    @abc.abstractmethod
+    def record(self, stream: "Stream") -> None: ...
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the event completes."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True once the event has completed (never blocks)."""
+
+    @abc.abstractmethod
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to `end` (both completed)."""
+
+
+class Stream(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def wait(self, event: Event) -> None:
+        """Later work on this stream waits for `event` (as last recorded)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None: ...
+
+
+class Device(abc.ABC):
+    """Arrays live in `xp` (numpy or cupy). Kernels are in `self.k` (an object with the same methods on both
+    devices, see strata/accel/gpu/kernels.py for the list); each takes `stream=` and is asynchronous."""
+
+    kind: str            # "cuda" | "host"
+    name: str
+    xp: object           # the array module of device arrays
+    compute: Stream
+    copy: Stream
+
+    # --- memory -----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def empty(self, shape, dtype) -> object: ...
+
+    def zeros(self, shape, dtype) -> object:
+        a = self.empty(shape, dtype)
+        a[...] = 0
+        return a
+
+    @abc.abstractmethod
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """A page-locked host buffer of `nbytes` (uint8), the only kind async copies may use."""
+
+    @abc.abstractmethod
+    def h2d(self, dst, src: np.ndarray, stream: Stream) -> None:
+        """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes)."""
+
+    @abc.abstractmethod
+    def d2h(self, dst: np.ndarray, src, stream: Stream) -> None:
+        """Asynchronous device -> host copy into pinned `dst`."""
+
+    @abc.abstractmethod
+    def asarray(self, host: np.ndarray) -> object:
+        """A synchronous upload (setup time only, never in a loop)."""
+
+    @abc.abstractmethod
+    def tohost(self, arr) -> np.ndarray:
+        """A synchronous download (setup, tests)."""
+
+    @abc.abstractmethod
+    def free_bytes(self) -> int: ...
+
+    @abc.abstractmethod
+    def total_bytes(self) -> int: ...
+
+    # --- sync -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def event(self) -> Event: ...
+
+    @abc.abstractmethod
+    def stream(self, name: str) -> Stream: ...
+
+    def synchronize(self) -> None:
+        self.compute.synchronize()
+        self.copy.synchronize()
+
+    @abc.abstractmethod
+    def host_fn(self, stream: Stream, fn, *args) -> None:
+        """Run a host callable in stream order (after earlier work on `stream`; later work waits for it)."""
+
+    def close(self) -> None:
+        pass
+
+
+def get_device(kind: str = "auto", log=None) -> Device:
+    """`cuda`, `host` or `auto` (CUDA if CuPy sees a GPU, else the host twin with a one-line note)."""
+    if kind in ("cuda", "auto"):
+        try:
+            from strata.accel.device.cuda import CudaDevice
+
+            return CudaDevice()
+        except Exception as e:  # noqa: BLE001 - any failure to reach CUDA means "no GPU here"
+            if kind == "cuda":
+                raise DeviceError(f"--device cuda: no usable CUDA device ({e})") from None
+            if log:
+                log(f"no CUDA device ({str(e).splitlines()[0][:100]}); running on the CPU")
+            return None
+    if kind == "host":
+        from strata.accel.device.host import HostDevice
+
+        return HostDevice()
+    raise DeviceError(f"unknown device {kind!r} (auto, cuda, cpu, host)")

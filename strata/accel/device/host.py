@@ -1,0 +1,155 @@
+"""The host twin of a CUDA device: numpy arrays, one worker thread per stream, events completed in stream order.
+
+It exists so the GPU engine's orchestration (ring reuse, event ordering, row layout, combine) runs in CI: a
+missing `wait` or a slot reused before its `used` event shows up here as a wrong result, because copies and
+kernels really run concurrently on separate threads. `delay_s` (per copy) widens those races in tests.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+from strata.accel.device.base import Device, Event, Stream
+
+_STOP = object()
+
+
+class HostEvent(Event):
+    def __init__(self):
+        self._done = threading.Event()
+        self._done.set()          # an event never recorded counts as complete (CUDA does the same)
+        self._t = 0.0
+        self._gen = 0
+
+    def record(self, stream: "HostStream") -> None:
+        done = threading.Event()
+        self._done = done
+        self._gen += 1
+
+        def fire():
+            self._t = time.perf_counter()
+            done.set()
+
+        stream._put(fire)
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def elapsed_ms(self, end: "HostEvent") -> float:
+        self.synchronize()
+        end.synchronize()
+        return (end._t - self._t) * 1e3
+
+
+class HostStream(Stream):
+    def __init__(self, name: str):
+        self.name = name
+        self._q: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            fn = self._q.get()
+            if fn is _STOP:
+                return
+            try:
+                if self._error is None:
+                    fn()
+            except BaseException as e:  # noqa: BLE001 - surfaced at the next synchronize
+                self._error = e
+            finally:
+                self._q.task_done()
+
+    def _put(self, fn) -> None:
+        self._q.put(fn)
+
+    def wait(self, event: HostEvent) -> None:
+        done = event._done          # the record in force now, as CUDA's cudaStreamWaitEvent
+        self._put(done.wait)
+
+    def synchronize(self) -> None:
+        self._q.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"stream {self.name}: enqueued work failed: {e!r}") from e
+
+    def close(self):
+        self._q.put(_STOP)
+
+
+class HostDevice(Device):
+    kind = "host"
+    xp = np
+
+    def __init__(self, total_bytes: int = 64 << 30, delay_s: float = 0.0):
+        from strata.accel.gpu.host_kernels import HostKernels
+
+        self.name = "host twin"
+        self._total = total_bytes
+        self.delay_s = delay_s
+        self.compute = HostStream("compute")
+        self.copy = HostStream("copy")
+        self._extra: list[HostStream] = []
+        self.k = HostKernels(self)
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+    def h2d(self, dst, src, stream):
+        assert dst.nbytes == src.nbytes, f"h2d of {src.nbytes} bytes into {dst.nbytes}"
+        delay = self.delay_s
+
+        def run():
+            if delay:
+                time.sleep(delay)
+            dst.reshape(-1).view(np.uint8)[:] = src.reshape(-1).view(np.uint8)
+
+        stream._put(run)
+
+    def d2h(self, dst, src, stream):
+        assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"
+        stream._put(lambda: dst.reshape(-1).view(np.uint8).__setitem__(slice(None), src.reshape(-1).view(np.uint8)))
+
+    def asarray(self, host):
+        return np.array(host, copy=True)
+
+    def tohost(self, arr):
+        self.synchronize()
+        return np.array(arr, copy=True)
+
+    def free_bytes(self) -> int:
+        return self._total
+
+    def total_bytes(self) -> int:
+        return self._total
+
+    def event(self) -> HostEvent:
+        return HostEvent()
+
+    def stream(self, name: str) -> HostStream:
+        s = HostStream(name)
+        self._extra.append(s)
+        return s
+
+    def host_fn(self, stream, fn, *args):
+        stream._put(lambda: fn(*args))
+
+    def synchronize(self):
+        for s in (self.compute, self.copy, *self._extra):
+            s.synchronize()
+
+    def close(self):
+        for s in (self.compute, self.copy, *self._extra):
+            s.close()
