@@ -1,0 +1,142 @@
+"""The kernel set on the host twin: numpy, enqueued on the twin's stream threads (see kernels.py for the
+contract). Weights fp16, matrix inputs rounded to fp16, fp32 products: the GPU's arithmetic, on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata import quants
+from strata.accel.gpu.kernels import BlobRef, Kernels
+
+F16, F32 = np.float16, np.float32
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+class HostKernels(Kernels):
+    def __init__(self, dev):
+        self.dev = dev
+
+    def _run(self, stream, fn):
+        stream._put(fn)
+
+    def upload(self, host, stream):
+        return np.array(host, copy=True)   # snapshot now, as a CUDA upload from a pinned staging copy would
+
+    def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
+        t = np.empty(len(refs), object)
+        for i, r in enumerate(refs):
+            t[i] = (r.buf, r.index, byte_off)
+        return t
+
+    # --- experts ---------------------------------------------------------------------------------------------
+    def dequant(self, out, blobs, qtype, n, k, stream):
+        q = quants.get(qtype)
+        nbytes = n * q.row_bytes(k)
+
+        def run():
+            for g, (buf, idx, off) in enumerate(blobs):
+                raw = buf[idx, off:off + nbytes]
+                out[g] = q.dequantize(raw.reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+
+        self._run(stream, run)
+
+    def gather_f16(self, out, x, src, stream):
+        self._run(stream, lambda: out.__setitem__(slice(None), x[src].astype(F16)))
+
+    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream):
+        def run():
+            for g, r0, r1 in tiles[:n_tiles]:
+                out[r0:r1] = a[r0:r1].astype(F32) @ w[g].astype(F32).T
+
+        self._run(stream, run)
+
+    def swiglu(self, out, gu, f, stream):
+        self._run(stream, lambda: out.__setitem__(slice(None), (_silu(gu[:, :f]) * gu[:, f:2 * f]).astype(F16)))
+
+    def combine(self, out, dm, slot, w, stream):
+        def run():
+            acc = np.zeros(out.shape, F32)
+            for k in range(slot.shape[1]):
+                acc += w[:, k, None] * dm[slot[:, k]]
+            out[...] = acc
+
+        self._run(stream, run)
+
+    # --- dense ---------------------------------------------------------------------------------------------
+    def embed(self, out, table, ids, stream):
+        self._run(stream, lambda: out.__setitem__(slice(None), table[ids].astype(F32)))
+
+    def rms_norm(self, out, x, w, eps, stream):
+        def run():
+            ms = np.mean(x * x, axis=-1, keepdims=True)
+            out[...] = x / np.sqrt(ms + eps) * w
+
+        self._run(stream, run)
+
+    def linear(self, out, x, w, stream, bias=None):
+        def run():
+            y = x.astype(F16).astype(F32) @ w.astype(F32).T
+            out[...] = y if bias is None else y + bias
+
+        self._run(stream, run)
+
+    def rope(self, x, cos, sin, pos, n_rot, neox, stream):
+        def run():
+            c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+            if neox:
+                h = n_rot // 2
+                a, b = x[..., :h].copy(), x[..., h:n_rot].copy()
+                x[..., :h], x[..., h:n_rot] = a * c - b * s, a * s + b * c
+            else:
+                a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+                x[..., 0:n_rot:2], x[..., 1:n_rot:2] = a * c - b * s, a * s + b * c
+
+        self._run(stream, run)
+
+    def kv_store(self, kc, vc, k, v, pos0, stream):
+        def run():
+            kc[pos0:pos0 + k.shape[0]] = k.astype(F16)
+            vc[pos0:pos0 + v.shape[0]] = v.astype(F16)
+
+        self._run(stream, run)
+
+    def attention(self, out, q, kc, vc, pos0, stream):
+        def run():
+            T, H, hd = q.shape
+            S = pos0 + T
+            g = H // kc.shape[1]
+            k = np.repeat(kc[:S].astype(F32), g, axis=1)                    # [S, H, hd]
+            v = np.repeat(vc[:S].astype(F32), g, axis=1)
+            sc = np.einsum("thd,shd->hts", q.astype(F16).astype(F32), k) / np.sqrt(F32(hd))   # [H, T, S]
+            mask = np.arange(S)[None, :] > (pos0 + np.arange(T))[:, None]
+            sc[:, mask] = -np.inf
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            p = sc / sc.sum(-1, keepdims=True)
+            out[...] = np.einsum("hts,shd->thd", p.astype(F16).astype(F32), v).reshape(T, H * hd)
+
+        self._run(stream, run)
+
+    def router(self, ids, w, logits, k, renorm, stream):
+        def run():
+            x = logits.astype(np.float64)
+            p = np.exp(x - x.max(1, keepdims=True))
+            p = (p / p.sum(1, keepdims=True)).astype(F32)
+            top = np.argsort(-p, axis=1, kind="stable")[:, :k]
+            wt = np.take_along_axis(p, top, 1)
+            if renorm:
+                wt = wt / wt.sum(1, keepdims=True)
+            ids[...] = top
+            w[...] = wt
+
+        self._run(stream, run)
+
+    def add(self, out, a, b, stream):
+        self._run(stream, lambda: np.add(a, b, out=out))
+
+    def sigmoid_gate(self, out, s, g, stream):
+        self._run(stream, lambda: out.__setitem__(slice(None), s / (1.0 + np.exp(-g))))

@@ -1,0 +1,98 @@
+"""The device kernel set the GPU engine uses. Two implementations with one contract: CudaKernels (CuPy raw
+kernels, cuda_kernels.py) and HostKernels (numpy on the host twin's stream threads, host_kernels.py).
+
+Every method is asynchronous on its `stream` and takes device arrays. Host-side tables (numpy) reach the device
+through `upload`, which snapshots them at call time. Legend: T tokens, D hidden, R = T·K expert-major rows,
+G experts in a group, N/K a matrix's rows/row length, H/Hkv heads, hd head size, S cached positions.
+
+Arithmetic (SPEC §2: the GPU path is its own, held to the reference by tolerance): weights in fp16 (dequantised
+exactly, then rounded), activations rounded to fp16 at a matrix product's input, fp32 accumulation, fp32 outputs
+and fp32 elementwise work. Results for an expert's rows depend only on those rows and that expert's weights, never
+on which other experts share a launch or where the blob came from (cache slot or ring slot): residency must not
+change arithmetic.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """One expert blob in device memory: row `index` of a [n, slot_bytes] uint8 device array."""
+
+    buf: object
+    index: int
+
+
+class Kernels(abc.ABC):
+    @abc.abstractmethod
+    def upload(self, host: np.ndarray, stream) -> object:
+        """A device copy of a small host table, taken now (later host writes do not reach it)."""
+
+    @abc.abstractmethod
+    def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
+        """A host table naming blobs (plus a byte offset into each) for `dequant` (upload it first)."""
+
+    # --- experts -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def dequant(self, out, blobs, qtype: int, n: int, k: int, stream) -> None:
+        """out f16 [G, n, k] <- rows [n, k] of type `qtype` at each uploaded blob_table entry."""
+
+    @abc.abstractmethod
+    def gather_f16(self, out, x, src, stream) -> None:
+        """out f16 [R, D] <- x f32 [T, D] rows src i32 [R]."""
+
+    @abc.abstractmethod
+    def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream) -> None:
+        """For each tile (g, r0, r1) of tiles i32 [n_tiles, 3]: out f32 [r0:r1, N] = a f16 [r0:r1, K] · w[g].T,
+        w f16 [G, N, K]."""
+
+    @abc.abstractmethod
+    def swiglu(self, out, gu, f: int, stream) -> None:
+        """out f16 [R, F] <- silu(gu[:, :F]) · gu[:, F:], gu f32 [R, 2F]."""
+
+    @abc.abstractmethod
+    def combine(self, out, dm, slot, w, stream) -> None:
+        """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]."""
+
+    # --- dense ---------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def embed(self, out, table, ids, stream) -> None:
+        """out f32 [T, D] <- table f16 [V, D] rows ids i32 [T]."""
+
+    @abc.abstractmethod
+    def rms_norm(self, out, x, w, eps: float, stream) -> None:
+        """Over the last axis of x f32 [..., n]: x / sqrt(mean(x²) + eps) · w."""
+
+    @abc.abstractmethod
+    def linear(self, out, x, w, stream, bias=None) -> None:
+        """out f32 [T, N] = x f32 [T, K] · w f16 [N, K].T (+ bias f32 [N])."""
+
+    @abc.abstractmethod
+    def rope(self, x, cos, sin, pos, n_rot: int, neox: bool, stream) -> None:
+        """In place on x f32 [T, H, hd]; cos/sin f32 [P, n_rot/2]; pos i32 [T]."""
+
+    @abc.abstractmethod
+    def kv_store(self, kc, vc, k, v, pos0: int, stream) -> None:
+        """kc/vc f16 [S, Hkv, hd] rows pos0.. <- k/v f32 [T, Hkv, hd]."""
+
+    @abc.abstractmethod
+    def attention(self, out, q, kc, vc, pos0: int, stream) -> None:
+        """Causal GQA: out f32 [T, H·hd]; query t (position pos0+t) attends to cache rows 0..pos0+t."""
+
+    @abc.abstractmethod
+    def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:
+        """ids i32 [T, k], w f32 [T, k] <- softmax over logits f32 [T, E], top-k (ties: lower id), optional
+        renormalisation over the k."""
+
+    @abc.abstractmethod
+    def add(self, out, a, b, stream) -> None:
+        """out = a + b (f32)."""
+
+    @abc.abstractmethod
+    def sigmoid_gate(self, out, s, g, stream) -> None:
+        """out f32 [T, D] = s · sigmoid(g), g f32 [T, 1] (qwen2moe's shared expert)."""
