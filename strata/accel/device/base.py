@@ -106,6 +106,13 @@ class Device(abc.ABC):
         self.copy.synchronize()
 
     @abc.abstractmethod
+    def on(self, stream: Stream):
+        """Context manager: array arithmetic written as Python operators runs on `stream` inside it."""
+
+    def bind_thread(self) -> None:
+        """Call first in any thread that issues device work (CUDA: make this device current there)."""
+
+    @abc.abstractmethod
     def host_fn(self, stream: Stream, fn, *args) -> None:
         """Run a host callable in stream order (after earlier work on `stream`; later work waits for it)."""
 

@@ -49,12 +49,19 @@ class HostEvent(Event):
 
 
 class HostStream(Stream):
-    def __init__(self, name: str):
+    """A stream with its own worker thread, or (inline=True) one that runs work on the calling thread at once:
+    the twin's compute stream is inline, so array arithmetic the model code does on the engine thread stays in
+    stream order; the copy stream has a thread, so copies really race with compute."""
+
+    def __init__(self, name: str, inline: bool = False):
         self.name = name
+        self.inline = inline
         self._q: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if not inline:
+            self._thread = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
+            self._thread.start()
 
     def _run(self):
         while True:
@@ -70,20 +77,26 @@ class HostStream(Stream):
                 self._q.task_done()
 
     def _put(self, fn) -> None:
-        self._q.put(fn)
+        if self.inline:
+            fn()
+        else:
+            self._q.put(fn)
 
     def wait(self, event: HostEvent) -> None:
         done = event._done          # the record in force now, as CUDA's cudaStreamWaitEvent
         self._put(done.wait)
 
     def synchronize(self) -> None:
+        if self.inline:
+            return
         self._q.join()
         if self._error is not None:
             e, self._error = self._error, None
             raise RuntimeError(f"stream {self.name}: enqueued work failed: {e!r}") from e
 
     def close(self):
-        self._q.put(_STOP)
+        if not self.inline:
+            self._q.put(_STOP)
 
 
 class HostDevice(Device):
@@ -96,7 +109,7 @@ class HostDevice(Device):
         self.name = "host twin"
         self._total = total_bytes
         self.delay_s = delay_s
-        self.compute = HostStream("compute")
+        self.compute = HostStream("compute", inline=True)
         self.copy = HostStream("copy")
         self._extra: list[HostStream] = []
         self.k = HostKernels(self)
@@ -142,6 +155,11 @@ class HostDevice(Device):
         s = HostStream(name)
         self._extra.append(s)
         return s
+
+    def on(self, stream):
+        import contextlib
+
+        return contextlib.nullcontext()
 
     def host_fn(self, stream, fn, *args):
         stream._put(lambda: fn(*args))

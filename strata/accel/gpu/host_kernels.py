@@ -105,7 +105,7 @@ class HostKernels(Kernels):
 
         self._run(stream, run)
 
-    def attention(self, out, q, kc, vc, pos0, stream):
+    def attention(self, out, q, kc, vc, pos0, scratch, stream):
         def run():
             T, H, hd = q.shape
             S = pos0 + T

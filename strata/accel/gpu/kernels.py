@@ -81,8 +81,9 @@ class Kernels(abc.ABC):
         """kc/vc f16 [S, Hkv, hd] rows pos0.. <- k/v f32 [T, Hkv, hd]."""
 
     @abc.abstractmethod
-    def attention(self, out, q, kc, vc, pos0: int, stream) -> None:
-        """Causal GQA: out f32 [T, H·hd]; query t (position pos0+t) attends to cache rows 0..pos0+t."""
+    def attention(self, out, q, kc, vc, pos0: int, scratch, stream) -> None:
+        """Causal GQA: out f32 [T, H·hd]; query t (position pos0+t) attends to cache rows 0..pos0+t.
+        `scratch` (uint8 device array) bounds the score buffers; queries are taken in blocks that fit it."""
 
     @abc.abstractmethod
     def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:

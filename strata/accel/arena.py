@@ -1,0 +1,66 @@
+"""The arena: every routed expert blob in pinned host RAM, laid out [layer][expert] (SPEC §1, §7).
+
+Streamed experts are DMA'd from here (only pinned memory copies asynchronously), the CPU pool reads its experts
+here, and the expert cache is filled from here. Each layer is one pinned buffer [E, blob_bytes(layer)]; a blob is
+the raw GGUF bytes [gate | up | down], never re-encoded.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from strata.models import Model
+
+
+class Arena:
+    def __init__(self, model: Model, dev, log=None, threads: int = 4):
+        cfg = model.cfg
+        self.n_layer, self.n_expert = cfg.n_layer, cfg.n_expert
+        self.blob_bytes = [model.expert_blob_bytes(l) for l in range(cfg.n_layer)]
+        self.types = [model.expert(l, 0).types for l in range(cfg.n_layer)]
+        self.total_bytes = sum(b * cfg.n_expert for b in self.blob_bytes)
+        self.layers: list[np.ndarray] = []
+        t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
+
+        def tick(n):
+            with lock:
+                done[0] += n
+                now = time.monotonic()
+                if log and (now - last[0] > 0.5 or done[0] == self.total_bytes):
+                    last[0] = now
+                    print(f"\rarena: pinning {done[0] / 2**30:6.2f} of {self.total_bytes / 2**30:.2f} GiB "
+                          f"({100 * done[0] / max(1, self.total_bytes):3.0f}%, "
+                          f"{done[0] / max(now - t0, 1e-9) / 2**30:.1f} GiB/s)", end="", file=sys.stderr,
+                          flush=True)
+
+        def fill(buf, l, e0, e1):
+            for e in range(e0, e1):
+                model.expert(l, e).copy_into(buf[e])
+            tick((e1 - e0) * buf.shape[1])
+
+        with ThreadPoolExecutor(max_workers=threads) as ex:   # numpy copies release the GIL
+            futs = []
+            for l, b in enumerate(self.blob_bytes):
+                buf = dev.pinned(b * cfg.n_expert).reshape(cfg.n_expert, b)
+                self.layers.append(buf)
+                step = max(1, (64 << 20) // b)
+                futs += [ex.submit(fill, buf, l, e0, min(cfg.n_expert, e0 + step))
+                         for e0 in range(0, cfg.n_expert, step)]
+            for f in futs:
+                f.result()
+        if log:
+            print(file=sys.stderr)
+            log(f"arena: {cfg.n_layer * cfg.n_expert:,} experts, {self.total_bytes / 2**30:.2f} GiB pinned in "
+                f"{time.monotonic() - t0:.1f} s")
+
+    def blob(self, layer: int, e: int) -> np.ndarray:
+        return self.layers[layer][e]
+
+    @property
+    def max_blob_bytes(self) -> int:
+        return max(self.blob_bytes)

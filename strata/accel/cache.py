@@ -1,0 +1,121 @@
+"""The VRAM expert cache: blob-sized slots, residency, the prompt loan, and adaptive-tier moves (SPEC §7, §9).
+
+One owner of residency (STYLE point 11): `slot_of[l, e]` is the slot holding expert e of layer l or -1. Copies
+into slots run on the copy stream; an expert becomes resident only once its copy has landed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.accel.arena import Arena
+
+SLOT_ALIGN = 256
+
+
+def slot_bytes_for(max_blob: int) -> int:
+    return -(-max_blob // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def uniform_order(n_layer: int, n_expert: int) -> list[tuple[int, int]]:
+    """Without a routing profile: expert i of every layer before expert i+1 of any, so layers share evenly."""
+    return [(l, e) for e in range(n_expert) for l in range(n_layer)]
+
+
+class ExpertCache:
+    def __init__(self, dev, n_slots: int, slot_bytes: int, n_layer: int, n_expert: int):
+        self.dev, self.n_slots, self.slot_bytes = dev, n_slots, slot_bytes
+        self.buf = dev.empty((max(n_slots, 1), slot_bytes), np.uint8)     # [slots, slot_bytes]
+        self.slot_of = np.full((n_layer, n_expert), -1, np.int32)          # residency
+        self.owner: list[tuple[int, int] | None] = [None] * n_slots
+        self.lent = 0                                                      # tail slots lent to the prompt path
+        self._pending: list[tuple[object, int, int, int]] = []             # (event, slot, layer, expert)
+        self.hits = self.lookups = 0
+
+    # --- predicates -------------------------------------------------------------------------------------
+    def resident(self, layer: int) -> np.ndarray:
+        return self.slot_of[layer] >= 0
+
+    def n_resident(self) -> int:
+        return int((self.slot_of >= 0).sum())
+
+    @property
+    def usable(self) -> int:
+        return self.n_slots - self.lent
+
+    # --- actions ------------------------------------------------------------------------------------------
+    def fill(self, order: list[tuple[int, int]], arena: Arena) -> int:
+        """Initial residency: the first `usable` pairs of `order` (hottest first), copied and waited for."""
+        n = 0
+        for (l, e) in order[:self.usable]:
+            self._load(n, l, e, arena)
+            self.slot_of[l, e] = n
+            n += 1
+        self.dev.copy.synchronize()
+        return n
+
+    def _load(self, slot: int, l: int, e: int, arena: Arena) -> None:
+        b = arena.blob(l, e)
+        self.dev.h2d(self.buf[slot, :b.nbytes], b, self.dev.copy)
+        self.owner[slot] = (l, e)
+
+    def lend(self, k: int) -> object:
+        """Lend the last k slots to the prompt path: their experts turn non-resident now. Returns the region
+        (a flat uint8 device array) the prompt buffers are carved from."""
+        assert 0 <= k <= self.n_slots and self.lent == 0, f"lend {k} of {self.n_slots} (already lent {self.lent})"
+        for s in range(self.n_slots - k, self.n_slots):
+            if self.owner[s] is not None:
+                l, e = self.owner[s]
+                self.slot_of[l, e] = -1
+        self.lent = k
+        return self.buf[self.n_slots - k:].reshape(-1) if k else None
+
+    def restore(self, arena: Arena, after_event) -> None:
+        """Give the lent slots back and refill them with their experts once `after_event` (the prompt's last
+        use of the region) has completed; they become resident when the copies land (see `poll`)."""
+        self.dev.copy.wait(after_event)
+        for s in range(self.n_slots - self.lent, self.n_slots):
+            if self.owner[s] is not None:
+                l, e = self.owner[s]
+                self._load(s, l, e, arena)
+                ev = self.dev.event()
+                ev.record(self.dev.copy)
+                self._pending.append((ev, s, l, e))
+        self.lent = 0
+
+    def poll(self) -> int:
+        """Mark experts whose copies have landed as resident; returns how many are still in flight."""
+        still = []
+        for ev, s, l, e in self._pending:
+            if ev.query():
+                if self.owner[s] == (l, e):
+                    self.slot_of[l, e] = s
+            else:
+                still.append((ev, s, l, e))
+        self._pending = still
+        return len(still)
+
+    def apply_moves(self, moves, arena: Arena, after_event) -> int:
+        """Adaptive-tier moves (policy.tier.Move): evict at once, load the newcomer, resident when landed."""
+        if not moves:
+            return 0
+        self.dev.copy.wait(after_event)
+        free = [s for s in range(self.usable) if self.owner[s] is None]
+        done = 0
+        for m in moves:
+            if m.victim is None:
+                if not free:
+                    continue
+                s = free.pop()
+            else:
+                s = int(self.slot_of[m.layer, m.victim])
+                if s < 0:
+                    continue
+                self.slot_of[m.layer, m.victim] = -1
+            self.owner[s] = None
+            self._load(s, m.layer, m.expert, arena)
+            ev = self.dev.event()
+            ev.record(self.dev.copy)
+            self._pending.append((ev, s, m.layer, m.expert))
+            done += 1
+        return done

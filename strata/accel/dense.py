@@ -1,0 +1,169 @@
+"""Dense weights on the device and the ops the model files call on the GPU path.
+
+`DeviceOps` implements the backend-ops contract of `strata/models/common.py` (as `RefOps` does), except
+`experts`, which the engine hands to its MoE block. Weights: matrices fp16 [N, K] dequantised exactly then
+rounded (the GPU path's own arithmetic, held to the reference by tolerance), norms/biases/router fp32.
+The token embedding stays in host RAM: only the chunk's rows are dequantised and uploaded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from strata.mathfn import rope_table
+from strata.models import Model
+from strata.reference.linalg import weight_rows
+
+def _is_f32(name: str) -> bool:
+    return name.endswith(".bias") or "norm" in name or name.endswith("ffn_gate_inp.weight") \
+        or name.endswith("ffn_gate_inp_shexp.weight")
+
+
+def dense_names(model: Model) -> list[str]:
+    """Every tensor the device holds: all but the routed experts and the (host-side) token embedding."""
+    out = []
+    for name in sorted(model.tensors.names):
+        if name.endswith(("_exps.weight",)) or name == "token_embd.weight":
+            continue
+        out.append(name)
+    if model.cfg.tied_output:
+        out.append("token_embd.weight")     # the head reuses it: the device needs a copy
+    return out
+
+
+def dense_bytes(model: Model) -> int:
+    n = 0
+    for name in dense_names(model):
+        t = model.tensors.info(name)
+        n += t.n_elements * (4 if _is_f32(name) else 2)
+    return n
+
+
+class DenseWeights:
+    def __init__(self, model: Model, dev, log=None):
+        self.w: dict[str, object] = {}
+        t0 = time.monotonic()
+        names = dense_names(model)
+        for i, name in enumerate(names):
+            t = model.tensors.info(name)
+            view = model.view(name)
+            shape = t.shape
+            rows = shape[0] if len(shape) > 1 else 1
+            k = shape[-1]
+            full = weight_rows(view.reshape(rows, -1), t.qtype, 0, rows, k).reshape(shape)
+            self.w[name] = dev.asarray(full.astype(np.float32 if _is_f32(name) else np.float16))
+            if log and (i % 16 == 0 or i == len(names) - 1):
+                print(f"\rweights: {i + 1} of {len(names)} dense tensors on {dev.name}", end="", file=sys.stderr,
+                      flush=True)
+        if log:
+            print(file=sys.stderr)
+            log(f"weights: {dense_bytes(model) / 2**20:,.0f} MiB dense on {dev.name} in {time.monotonic() - t0:.1f} s")
+
+    def __getitem__(self, name: str):
+        return self.w[name]
+
+
+class DeviceOps:
+    """The backend ops for one step on a device; `begin` binds the step's buffers, position and token count.
+    Array arithmetic in the model files (x + y) runs on the compute stream (the engine holds `dev.on(compute)`).
+    """
+
+    def __init__(self, model: Model, dev, weights: DenseWeights, kv, n_ctx: int, cap: int):
+        self.model, self.cfg, self.dev, self.k, self.wt, self.kv = model, model.cfg, dev, dev.k, weights, kv
+        cos, sin = rope_table(n_ctx, self.cfg.n_rot, self.cfg.rope_base)
+        self.cos, self.sin = dev.asarray(cos), dev.asarray(sin)
+        self.embd_view = model.view("token_embd.weight")
+        self.embd_type = model.qtype("token_embd.weight")
+        # the chunk's embedding rows are staged here (pinned, so the upload is asynchronous)
+        self.embd_host = dev.pinned(cap * self.cfg.n_embd * 4).view(np.float32).reshape(cap, self.cfg.n_embd)
+        self.embd_done = dev.event()
+        self.bufs, self.pos0, self.T = None, 0, 0
+        self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
+
+    def begin(self, bufs, pos0: int, T: int):
+        self.bufs, self.pos0, self.T = bufs, pos0, T
+        self.pos_dev = self.k.upload(np.arange(pos0, pos0 + T, dtype=np.int32), self.dev.compute)
+
+    # --- the contract ----------------------------------------------------------------------------------------
+    def embed(self, name: str, ids):
+        T = len(ids)
+        self.embd_done.synchronize()            # the previous step's upload has left the staging buffer
+        for i, t in enumerate(ids):
+            self.embd_host[i] = weight_rows(self.embd_view, self.embd_type, int(t), int(t) + 1, self.cfg.n_embd)[0]
+        x = self.bufs.x[:T]
+        self.dev.h2d(x, self.embd_host[:T], self.dev.compute)
+        self.embd_done.record(self.dev.compute)
+        return x
+
+    def rms_norm(self, x, name: str, eps: float):
+        out = self.dev.empty(x.shape, np.float32)
+        self.k.rms_norm(out, x, self.wt[name], eps, self.dev.compute)
+        return out
+
+    def linear(self, x, name: str):
+        w = self.wt[name]
+        out = self.dev.empty((x.shape[0], w.shape[0]), np.float32)
+        self.k.linear(out, x, w, self.dev.compute)
+        return out
+
+    def add_bias(self, y, name: str):
+        return y + self.wt[name]
+
+    def rope(self, x, pos, cfg):
+        self.k.rope(x, self.cos, self.sin, self.pos_dev, cfg.n_rot, cfg.rope_neox, self.dev.compute)
+        return x
+
+    def attention(self, layer: int, q, k, v, pos):
+        kc, vc = self.kv[layer]
+        s = self.dev.compute
+        self.k.kv_store(kc, vc, k, v, self.pos0, s)
+        out = self.dev.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
+        self.k.attention(out, q, kc, vc, self.pos0, self.bufs.attn_scratch, s)
+        return out
+
+    def ffn(self, h, gate: str, up: str, down: str):
+        """The shared expert (qwen2moe): down(silu(gate·h) · (up·h)), fp16 intermediate as the experts'."""
+        T, Fs, s = h.shape[0], self.cfg.n_ff_shexp, self.dev.compute
+        gu = self.dev.empty((T, 2 * Fs), np.float32)
+        self.k.linear(gu[:, :Fs], h, self.wt[gate], s)
+        self.k.linear(gu[:, Fs:], h, self.wt[up], s)
+        hh = self.dev.empty((T, Fs), np.float16)
+        self.k.swiglu(hh, gu, Fs, s)
+        out = self.dev.empty((T, self.cfg.n_embd), np.float32)
+        self.k.linear(out, hh, self.wt[down], s)
+        return out
+
+    def sigmoid_gate(self, sx, h, name: str):
+        g = self.dev.empty((h.shape[0], 1), np.float32)
+        self.k.linear(g, h, self.wt[name].reshape(1, -1), self.dev.compute)
+        out = self.dev.empty(sx.shape, np.float32)
+        self.k.sigmoid_gate(out, sx, g, self.dev.compute)
+        return out
+
+    # --- routing: the router kernel fuses softmax and top-k, so `router_probs` hands on the logits --------------
+    def router_probs(self, h, name: str):
+        logits = self.dev.empty((h.shape[0], self.cfg.n_expert), np.float32)
+        self.k.linear(logits, h, self.wt[name], self.dev.compute)          # fp32 router weights
+        return _RouterLogits(logits)
+
+    def topk(self, probs: "_RouterLogits", k: int):
+        T = probs.logits.shape[0]
+        ids, w = self.bufs.ids[:T], self.bufs.w[:T]
+        self.k.router(ids, w, probs.logits, k, False, self.dev.compute)   # softmax over E, top-k
+        return ids, w
+
+    def renorm(self, w):
+        return w / w.sum(axis=1, keepdims=True)
+
+    def experts(self, h, layer: int, ids, w):
+        return self.moe(h, layer, ids, w)
+
+
+class _RouterLogits:
+    """What `router_probs` returns on the device: the logits; the top-k kernel takes the softmax itself."""
+
+    def __init__(self, logits):
+        self.logits = logits

@@ -1,0 +1,91 @@
+"""The VRAM plan at start (SPEC §9): dense weights, KV, decode-only resources and the expert cache from the
+device's free memory (or `--vram-budget`), and the prompt plan (chunk, loan, ring) from `strata.policy`.
+Fails early, saying the shortfall, rather than at the first prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata import policy
+from strata.accel.buffers import layout_bytes
+from strata.accel.cache import slot_bytes_for
+from strata.accel.dense import dense_bytes
+from strata.policy.plan import GRID, PLANNERS, LoanRequest, PlanError, PlannerKind
+from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots
+
+MIB = 2**20
+MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
+TEMP_MARGIN = 64 * MIB         # step temporaries the memory pool hands out outside the carved buffers
+ATTN_SCRATCH = 64 * MIB        # score scratch of the blocked attention (queries are blocked to fit it)
+GROUP = 16                     # experts per launch group
+
+
+class VramShortfall(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    budget: int              # bytes the engine may use
+    dense: int
+    kv: int
+    decode: int              # decode-only resources (their buffers and ring)
+    slot_bytes: int
+    cache_slots: int         # expert cache capacity (slots)
+    chunk: int               # prompt chunk tokens
+    loan_slots: int          # cache slots the prompt path borrows (0 when it owns its buffers)
+    ring: int                # stream-all ring slots
+    prompt_bytes: int        # prompt buffers + ring
+    owned_prompt: bool       # prompt buffers allocated beside the cache instead of borrowed from it
+
+    def lines(self) -> list[str]:
+        return [f"plan: budget {self.budget / MIB:,.0f} MiB = dense {self.dense / MIB:,.0f} + KV {self.kv / MIB:,.0f}"
+                f" + decode {self.decode / MIB:,.0f} + expert cache {self.cache_slots} x {self.slot_bytes / MIB:.2f}"
+                f" MiB" + (f" + prompt {self.prompt_bytes / MIB:,.0f} MiB" if self.owned_prompt else ""),
+                f"plan: prompt chunk {self.chunk} tokens, ring {self.ring} slots, "
+                + (f"borrows {self.loan_slots} cache slots ({self.loan_slots * self.slot_bytes / 2**30:.2f} GiB)"
+                   if not self.owned_prompt else "own buffers (every expert fits)")]
+
+
+def kv_bytes(cfg, n_ctx: int) -> int:
+    return cfg.n_layer * 2 * n_ctx * cfg.n_kv * 2          # fp16 K and V
+
+
+def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = 700,
+                expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90) -> MemoryPlan:
+    cfg = model.cfg
+    budget = min(free_bytes, vram_budget if vram_budget else free_bytes) - reserve_mib * MIB
+    slot = slot_bytes_for(model.max_blob_bytes())
+    n_pairs = cfg.n_layer * cfg.n_expert
+    dense, kv = dense_bytes(model), kv_bytes(cfg, n_ctx)
+    decode = layout_bytes(cfg, MAXT, GROUP, MAXT, ATTN_SCRATCH) + ROUTED_ONLY_RING * slot + TEMP_MARGIN
+    fixed = dense + kv + decode
+    avail = budget - fixed
+    if avail < 0:
+        raise VramShortfall(f"the model needs {fixed / MIB:,.0f} MiB of VRAM before any expert (dense "
+                            f"{dense / MIB:,.0f} + KV {kv / MIB:,.0f} for {n_ctx} tokens + decode {decode / MIB:,.0f}),"
+                            f" but the budget is {budget / MIB:,.0f} MiB after a {reserve_mib} MiB reserve: "
+                            f"{-avail / MIB:,.0f} MiB short (lower --ctx, or raise --vram-budget)")
+    ring = ring_budget_slots(slot)
+    ceiling = max(GRID, min(chunk or 8192, n_ctx) // GRID * GRID)
+
+    def prompt_bytes(t: int) -> int:
+        return layout_bytes(cfg, t, GROUP, 1, ATTN_SCRATCH)
+
+    # everything resident and the prompt path's own buffers beside the cache: no loan needed
+    want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs
+    own = prompt_bytes(ceiling) + ring * slot
+    if want == n_pairs and avail >= n_pairs * slot + own:
+        return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode, slot, n_pairs, ceiling, 0, ring, own, True)
+    slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
+    req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=prompt_bytes, ring=ring, lend_pct=lend_pct,
+                      ceiling=ceiling)
+    kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
+    try:
+        cp = PLANNERS.get(kind)().plan(req)
+    except PlanError as e:
+        raise VramShortfall(f"{e}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
+                            f"{budget / MIB:,.0f} MiB") from None
+    return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode, slot, slots, cp.chunk, cp.loan_slots, cp.ring,
+                      cp.loan_slots * slot, False)

@@ -1,0 +1,99 @@
+"""One MoE layer on the device: router, routing sync, expert-major row layout, expert groups, combine (SPEC §3).
+
+Legend: T tokens, K top-k, R = T·K rows, D hidden, F expert FFN, G experts per launch group.
+Row order (Dm): [resident experts by id | streamed experts by id | CPU experts by id]; each expert owns a
+contiguous row range, its tokens in order. Experts are computed in groups: dequantise the group's blobs into
+fp16 scratch, one grouped GEMM for gate|up, SwiGLU, one for down, straight into their Dm rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata.accel.gpu.kernels import BlobRef
+
+GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
+GROUP_RESIDENT = 16    # experts per launch group from the cache
+
+
+@dataclass
+class RowLayout:
+    """The routing sync's product: which rows each expert owns, and the tables the kernels read."""
+
+    ids: np.ndarray           # [T, K] routed expert ids
+    order: np.ndarray         # experts in row order (resident | streamed | cpu)
+    off: dict                 # expert -> first row
+    cnt: np.ndarray           # [E] tokens per expert
+    src: np.ndarray           # [R] token of each row
+    slot: np.ndarray          # [T, K] row of each (token, k) pair
+    resident: list = field(default_factory=list)
+    streamed: list = field(default_factory=list)
+    cpu: list = field(default_factory=list)
+
+
+def row_layout(ids: np.ndarray, n_expert: int, resident: np.ndarray, cpu: list[int]) -> RowLayout:
+    T, K = ids.shape
+    cnt = np.bincount(ids.ravel(), minlength=n_expert)
+    routed = cnt > 0
+    on_cpu = np.zeros(n_expert, bool)
+    on_cpu[list(cpu)] = True
+    res = np.flatnonzero(routed & resident)
+    strm = np.flatnonzero(routed & ~resident & ~on_cpu)
+    cpu_ids = np.flatnonzero(routed & on_cpu)
+    order = np.concatenate([res, strm, cpu_ids]).astype(np.int64)
+    rank = np.empty(n_expert, np.int64)
+    rank[order] = np.arange(order.size)
+    key = rank[ids] * T + np.arange(T)[:, None]                 # [T, K]: expert block first, then token
+    pairs = np.argsort(key.ravel(), kind="stable")              # row r holds pair pairs[r] = t*K + k
+    slot = np.empty(T * K, np.int32)
+    slot[pairs] = np.arange(T * K, dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(cnt[order])[:-1]]) if order.size else np.zeros(0, np.int64)
+    return RowLayout(ids, order, {int(e): int(s) for e, s in zip(order, starts)}, cnt,
+                     (pairs // K).astype(np.int32), slot.reshape(T, K),
+                     res.tolist(), strm.tolist(), cpu_ids.tolist())
+
+
+def tiles_for(members: list[int], lay: RowLayout) -> np.ndarray:
+    """[n_tiles, 3] (g, r0, r1): GEMM_BM-row tiles of each member's rows, never crossing experts."""
+    out = []
+    for g, e in enumerate(members):
+        r0, n = lay.off[e], int(lay.cnt[e])
+        out += [(g, r, min(r + GEMM_BM, r0 + n)) for r in range(r0, r0 + n, GEMM_BM)]
+    return np.asarray(out, np.int32).reshape(-1, 3)
+
+
+class ExpertRunner:
+    """Computes groups of experts into Dm. Owns the fp16 weight scratch; knows each layer's blob layout."""
+
+    def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs):
+        from strata import quants
+
+        self.dev, self.k, self.cfg, self.bufs = dev, dev.k, cfg, bufs
+        self.types = layer_types
+        D, F = cfg.n_embd, cfg.n_ff_exp
+        self.gate_bytes = [quants.get(t[0]).row_bytes(D) * F for t in layer_types]
+        self.up_bytes = [quants.get(t[1]).row_bytes(D) * F for t in layer_types]
+
+    def group(self, layer: int, members: list[int], refs: list[BlobRef], lay: RowLayout, on_released=None):
+        """Enqueue one group: dequantise, release the blobs (on_released), gate|up GEMM, SwiGLU, down GEMM."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+        D, F, n = self.cfg.n_embd, self.cfg.n_ff_exp, len(members)
+        tg, tu, td = self.types[layer]
+        gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
+        if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type
+            k.dequant(b.w_gu[:n], k.upload(k.blob_table(refs, 0), s), tg, 2 * F, D, s)
+        else:
+            k.dequant(b.w_gu[:n, :F], k.upload(k.blob_table(refs, 0), s), tg, F, D, s)
+            k.dequant(b.w_gu[:n, F:], k.upload(k.blob_table(refs, gb), s), tu, F, D, s)
+        k.dequant(b.w_d[:n], k.upload(k.blob_table(refs, gb + ub), s), td, D, F, s)
+        if on_released:
+            on_released()
+        tiles = tiles_for(members, lay)
+        r0 = lay.off[members[0]]
+        r1 = lay.off[members[-1]] + int(lay.cnt[members[-1]])
+        td_dev = k.upload(tiles, s)
+        k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, len(tiles), s)       # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        k.swiglu(b.h[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
+        k.gemm_grouped(b.dm, b.h, b.w_d, td_dev, len(tiles), s)          # Dm[rows] = H[rows] · Wdᵀ

@@ -1,0 +1,121 @@
+"""The staging ring and the two streaming walks' queue (SPEC §3).
+
+A ring slot holds one blob. `copied[i]` is recorded on the copy stream after a blob lands in slot i; `used[i]` on
+the compute stream once the kernels that read slot i are enqueued. A copy into slot i waits for `used[i]`;
+compute on slot i waits for `copied[i]`. Entry k of a walk's queue goes to slot k mod R and is issued once entry
+k - R was consumed. In the stream-all walk an issuer thread issues entries ahead while the engine thread blocks
+in routing syncs, so the next layer's experts stream during this layer's attention.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from strata.accel.gpu.kernels import BlobRef
+
+
+class Ring:
+    def __init__(self, dev, buf):
+        self.dev, self.buf = dev, buf                              # buf: device uint8 [R, slot_bytes]
+        self.n = buf.shape[0]
+        self.copied = [dev.event() for _ in range(self.n)]
+        self.used = [dev.event() for _ in range(self.n)]
+        self.bytes_in = 0
+        self.copies = 0
+
+    def issue(self, i: int, blob: np.ndarray) -> None:
+        """Copy `blob` (pinned) into slot i once its last reader is done."""
+        self.dev.copy.wait(self.used[i])
+        self.dev.h2d(self.buf[i, :blob.nbytes], blob, self.dev.copy)
+        self.copied[i].record(self.dev.copy)
+        self.bytes_in += blob.nbytes
+        self.copies += 1
+
+    def acquire(self, i: int) -> BlobRef:
+        """Make later compute wait for slot i's copy; the blob's device reference."""
+        self.dev.compute.wait(self.copied[i])
+        return BlobRef(self.buf, i)
+
+    def release(self, i: int) -> None:
+        self.used[i].record(self.dev.compute)
+
+
+class Walk:
+    """One chunk's queue of (layer, expert) entries through a ring, issued by the engine thread (routed-only)
+    or by an issuer thread (stream-all). `consume(k)` marks entry k done (its slot's `used` is recorded)."""
+
+    def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool):
+        self.ring, self.arena, self.entries = ring, arena, entries
+        self.index = {le: k for k, le in enumerate(entries)}
+        self.issued = 0           # entries [0, issued) have their copy enqueued and `copied` recorded
+        self.consumed = 0         # entries [0, consumed) have been consumed, in order
+        self._cv = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self.thread = None
+        if threaded:
+            self.thread = threading.Thread(target=self._issuer, name="stream-all issuer", daemon=True)
+            self.thread.start()
+
+    def slot(self, k: int) -> int:
+        return k % self.ring.n
+
+    def _issue_one(self, k: int) -> None:
+        l, e = self.entries[k]
+        self.ring.issue(self.slot(k), self.arena.blob(l, e))
+
+    def _issuer(self):
+        try:
+            self.ring.dev.bind_thread()
+            for k in range(len(self.entries)):
+                with self._cv:
+                    while not self._stop and self.consumed <= k - self.ring.n:
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                self._issue_one(k)
+                with self._cv:
+                    self.issued = k + 1
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the engine thread
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def ensure_issued(self, k: int) -> None:
+        """Block until entry k's copy is enqueued (issuing inline when there is no issuer thread)."""
+        if self.thread is None:
+            while self.issued <= k:
+                assert self.issued - self.ring.n < self.consumed, "routed-only walk: ring overrun"
+                self._issue_one(self.issued)
+                self.issued += 1
+            return
+        with self._cv:
+            while self.issued <= k and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise RuntimeError(f"stream-all issuer failed: {self._error!r}") from self._error
+
+    def prefetch(self) -> None:
+        """Routed-only walk: keep up to R transfers in flight ahead of compute (SPEC §3)."""
+        if self.thread is None:
+            while self.issued < len(self.entries) and self.issued < self.consumed + self.ring.n:
+                self._issue_one(self.issued)
+                self.issued += 1
+
+    def consume(self, k: int) -> None:
+        """Entry k's readers are enqueued (or it was not routed): free its slot for entry k + R."""
+        assert k == self.consumed, f"entries are consumed in order: {k} after {self.consumed}"
+        self.ring.release(self.slot(k))
+        with self._cv:
+            self.consumed = k + 1
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self.thread is not None:
+            self.thread.join()
