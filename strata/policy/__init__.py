@@ -1,0 +1,32 @@
+"""Pure decisions shared by both engines and the simulator: no clocks, no numpy required (ARCHITECTURE).
+
+env      every STRATA_* variable -> a frozen ``Config`` (the only reader of the environment)
+stream   stream_all_min(), the walk, ring slots, streaming order
+chooser  which streamed experts the CPU pool takes (MAXT, fewest first, llround take)
+meter    the share g / (c + g) from device and CPU timings
+gate     the contention gate: share only while it is faster
+share    the per-layer strategy the engine asks (off / fixed); auto: the meter with or without the gate
+plan     chunk size, cache loan and ring from the VRAM budget
+tier     adaptive-tier admission between decode rounds
+"""
+
+from .chooser import CHOOSERS, MAXT, ChooserKind, CpuChoice, FewestFirst, llround
+from .env import Config, ConfigError, Share, ShareMode, from_process
+from .gate import CpuGate, GateReading
+from .meter import ShareMeter
+from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind
+from .registry import Registry
+from .auto import GatedShare, MeteredShare, share_policy  # noqa: I001 (registers the auto strategies)
+from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
+from .stream import (ROUTED_ONLY_RING, Walk, ring_budget_slots, ring_slots, routed_only_order, stream_all_min,
+                     stream_all_queue, walk_for)
+from .tier import TIERS, AdaptiveTier, Move, TierKind
+
+__all__ = [
+    "CHOOSERS", "MAXT", "ChooserKind", "CpuChoice", "FewestFirst", "llround", "Config", "ConfigError",
+    "Share", "ShareMode", "from_process", "CpuGate", "GateReading", "ShareMeter", "PLANNERS", "ChunkPlan",
+    "LoanRequest", "PlanError", "PlannerKind", "Registry", "SHARE_POLICIES", "LayerEnd", "SharePolicy",
+    "ShareKind", "Wanted", "share_policy", "ROUTED_ONLY_RING", "Walk", "ring_budget_slots", "ring_slots",
+    "routed_only_order", "stream_all_min", "stream_all_queue", "walk_for", "TIERS", "AdaptiveTier", "Move",
+    "TierKind", "GatedShare", "MeteredShare", "FixedShare", "NoShare",
+]

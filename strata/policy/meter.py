@@ -1,0 +1,54 @@
+"""The share meter, ``auto``'s first half (SPEC §5; prefill.cpp ``cpu_share_now``).
+
+c = CPU thread wall ms / CPU experts; g = device ms from the CPU thread's launch to the end of the GPU's
+expert work / GPU-streamed experts. Both are read one layer late (at the next routing sync, events done).
+Running means with alpha 0.25, the first sample initialising; share = clamp(g / (c + g), 0.05, 0.9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALPHA = 0.25
+SHARE_MIN, SHARE_MAX = 0.05, 0.9
+SHARE_START = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class MeterSample:
+    """What the engine holds for the meter when a shared layer reaches its combine (host side)."""
+
+    cpu_ms: float   # the CPU thread's wall time (steady clock)
+    n_cpu: int      # experts the CPU computed
+    n_gpu: int      # streamed experts the GPU computed (nstream - n_cpu)
+
+    def __post_init__(self):
+        assert self.n_cpu > 0 and self.n_gpu > 0, "a sample needs experts on both sides"
+        assert self.cpu_ms >= 0.0, "a wall time is not negative"
+
+
+class ShareMeter:
+    def __init__(self, alpha: float = ALPHA, start: float = SHARE_START):
+        self.alpha = alpha
+        self.share = start
+        self.c_avg: float | None = None   # ms per CPU expert
+        self.g_avg: float | None = None   # ms per GPU-streamed expert
+
+    @staticmethod
+    def wants_sample(nstream: int, n_cpu: int) -> bool:
+        """A layer leaves a sample iff the CPU took experts and the GPU kept some (n_stream > n_cpu)."""
+        return n_cpu > 0 and nstream > n_cpu
+
+    def sample(self, cpu_ms: float, n_cpu: int, gpu_ms: float, n_gpu: int) -> float:
+        """Fold one layer's timings in; returns the new share."""
+        assert n_cpu > 0 and n_gpu > 0, "a sample needs experts on both sides"
+        c, g = cpu_ms / n_cpu, gpu_ms / n_gpu
+        if self.c_avg is None:
+            self.c_avg, self.g_avg = c, g
+        else:
+            self.c_avg += self.alpha * (c - self.c_avg)
+            self.g_avg += self.alpha * (g - self.g_avg)
+        total = self.c_avg + self.g_avg
+        ratio = self.g_avg / total if total > 0 else SHARE_START
+        self.share = min(SHARE_MAX, max(SHARE_MIN, ratio))
+        return self.share

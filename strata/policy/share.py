@@ -1,0 +1,84 @@
+"""Share strategies: the one object the engine asks, per eligible layer, how much the CPU takes (SPEC §4-§6).
+
+Engine loop for an eligible layer l (routed-only walk, pool held):
+  arm = pol.begin_layer(l)          # before the routing sync; arm -> copy the layer's input D2H
+  ... routing sync: pol.readings(gpu_ms, wall_ms) if pol.wants() (the previous layer's windows) ...
+  choice = chooser.choose(cnt, resident, in_ram, pol.share(arm))
+  want = pol.end_layer(LayerEnd(l, choice.nstream, choice.n_cpu, cpu_ms, one_time_cost))
+  # want.gpu: time CPU thread launch -> end of GPU experts; want.wall: before the sync -> before the combine
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .gate import GateReading
+from .registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class LayerEnd:
+    layer: int
+    nstream: int              # routed non-resident experts
+    n_cpu: int                # of which the CPU computed
+    cpu_ms: float = 0.0       # the CPU thread's wall time
+    one_time_cost: bool = False   # a pinned buffer was allocated or grown inside the window
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    gpu: bool = False    # the meter's window (CPU launch -> end of the GPU's experts)
+    wall: bool = False   # the gate's window (before the routing sync -> before the combine)
+
+
+class ShareKind(Enum):
+    OFF = "off"
+    FIXED = "fixed"
+    AUTO = "auto"                    # meter + gate (#1379)
+    AUTO_UNGATED = "auto-ungated"    # meter alone, every eligible layer shares (#1282, "auto before")
+
+
+SHARE_POLICIES: Registry["SharePolicy"] = Registry("share policy", ShareKind)
+
+
+class SharePolicy:
+    kind: ShareKind
+
+    def begin_layer(self, layer: int) -> bool:   # arm: True = this layer may share
+        return False
+
+    def share(self, arm: bool) -> float:
+        return 0.0
+
+    def end_layer(self, end: LayerEnd) -> Wanted:
+        return Wanted()
+
+    def wants(self) -> Wanted:
+        """The device windows pending since the last end_layer (read them at the next routing sync)."""
+        return Wanted()
+
+    def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
+        return None
+
+
+@SHARE_POLICIES.register(ShareKind.OFF)
+class NoShare(SharePolicy):
+    kind = ShareKind.OFF
+
+
+@SHARE_POLICIES.register(ShareKind.FIXED)
+class FixedShare(SharePolicy):
+    """A fixed fraction on every eligible layer; bypasses the meter and the gate."""
+
+    kind = ShareKind.FIXED
+
+    def __init__(self, fraction: float):
+        assert 0.0 < fraction <= 1.0, f"a fixed share is in (0, 1], got {fraction}"
+        self.fraction = fraction
+
+    def begin_layer(self, layer: int) -> bool:
+        return True
+
+    def share(self, arm: bool) -> float:
+        return self.fraction if arm else 0.0

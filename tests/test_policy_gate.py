@@ -1,0 +1,126 @@
+"""The contention gate (SPEC §6): arms, skip rules, ratios, the upper median, probes, the debug line."""
+
+import pytest
+
+from strata.policy import CpuGate, GatedShare, LayerEnd, MeteredShare, ShareMeter
+from strata.policy.gate import GateReading
+
+
+def drive(gate, layers, per_expert, nstream=10, n_cpu=5, grow_first_share=True):
+    """The engine's order per eligible layer: arm, then the previous window's reading at the routing sync,
+    then end_layer. ``per_expert(l, shared)`` is the window's ms per non-resident expert."""
+    arms, readings, grown, prev = [], [], False, None
+    for l in layers:
+        arm = gate.begin_layer(l)
+        if gate.pending is not None:
+            readings.append(gate.reading(prev))
+        one_time = arm and grow_first_share and not grown
+        grown = grown or one_time
+        gate.end_layer(l, nstream, n_cpu if arm else 0, one_time)
+        prev = per_expert(l, arm) * nstream
+        arms.append(arm)
+    return arms, readings
+
+
+def as_bits(arms):
+    return "".join("1" if a else "0" for a in arms)
+
+
+def two_chunks():
+    return list(range(48)) + list(range(48))   # a 48-layer model, two chunks, every layer eligible
+
+
+def test_arms_when_sharing_wins():
+    gate = CpuGate()
+    arms, _ = drive(gate, two_chunks()[:60], lambda l, s: 0.9 if s else 1.0)
+    # i0 off (cold layer 0), i1 on (its window grew the pinned buffers: skipped), i2..i6 exploration
+    # (3 ratios arrive at i6's routing sync, after i6's arm), i7.. the gate's choice (share),
+    # i29 and i58 probe
+    expected = "0101010" + "1" * 22 + "0" + "1" * 28 + "0" + "1"
+    assert as_bits(arms) == expected
+    assert gate.gate and list(gate.ratios) == pytest.approx([0.9] * 5)
+
+
+def test_arms_when_sharing_loses():
+    gate = CpuGate()
+    arms, lines = drive(gate, two_chunks()[:60], lambda l, s: 1.1 if s else 1.0)
+    expected = "0101010" + "0" * 22 + "1" + "0" * 28 + "1" + "0"
+    assert as_bits(arms) == expected
+    assert not gate.gate
+    assert lines[0].line() == ("cpu gate: layer 2 not shared, 10 non-resident, 10.00 ms (1.0000 a expert) "
+                        "-> do not share")
+    assert lines[1].line() == "cpu gate: layer 3 shared, 10 non-resident, 11.00 ms (1.1000 a expert) -> do not share"
+
+
+def test_no_ratio_across_chunks():
+    """57-layer chunks put the probe i58 on chunk 2's layer 1; its reading follows chunk 1's layer 56 (other
+    arm, higher index): no ratio. Layer 2 then pairs with layer 1 of the same chunk."""
+    gate = CpuGate()
+    _, readings = drive(gate, list(range(57)) * 2, lambda l, s: 1.1 if s else 1.0)
+    at = [(r.layer, r.shared, r.ratio is not None) for r in readings]
+    k = at.index((56, False, False))
+    assert at[k: k + 3] == [(56, False, False), (1, True, False), (2, False, True)]
+    assert readings[k + 2].ratio == pytest.approx(1.1) and not gate.gate
+
+
+def test_upper_median_and_ring():
+    """Windows are timed so that each ratio the gate forms is the next wanted one, whatever arms it picks."""
+    wanted = [0.9, 1.05, 0.95, 1.2, 0.8, 0.8, 1.3, 1.4]
+    gate, formed, verdicts = CpuGate(), [], []
+    last = None          # (shared, ms per expert) of the last window read
+    pending_w = None
+    for l in range(200):
+        arm = gate.begin_layer(l)
+        if gate.pending is not None:
+            g = gate.reading(pending_w * 10)
+            if g.ratio is not None:
+                formed.append(g.ratio)
+                verdicts.append(g.gate)
+        if len(formed) == len(wanted):
+            break
+        if gate.end_layer(l, 10, 5 if arm else 0):
+            if last is None or last[0] == arm:
+                w = 1.0 if last is None else last[1]
+            else:
+                r = wanted[len(formed)]
+                w = last[1] * r if arm else last[1] / r
+            last, pending_w = (arm, w), w
+    assert formed == pytest.approx(wanted)
+    # ring after each ratio, sorted, and its element n//2 (the upper median for an even count):
+    # [.9] .9 | [.9 1.05] 1.05 | [.9 .95 1.05] .95 | [.9 .95 1.05 1.2] 1.05 | [.8 .9 .95 1.05 1.2] .95 |
+    # [.8 .8 .95 1.05 1.2] .95 (0.9 dropped) | [.8 .8 .95 1.2 1.3] .95 | [.8 .8 1.2 1.3 1.4] 1.2
+    assert verdicts == [True, False, True, False, True, True, True, False]
+    assert list(gate.ratios) == pytest.approx([1.2, 0.8, 0.8, 1.3, 1.4])
+
+
+def test_skip_rules():
+    gate = CpuGate()
+    assert gate.begin_layer(3) is False and gate.end_layer(3, 10, 0) is False      # first eligible layer
+    assert gate.begin_layer(4) is True and gate.end_layer(4, 10, 0) is False       # shared arm, nothing taken
+    assert gate.begin_layer(5) is False and gate.end_layer(5, 0, 0) is False       # nothing to stream
+    assert gate.begin_layer(6) is True and gate.end_layer(6, 10, 3, True) is False  # one-time cost
+    assert gate.begin_layer(7) is False and gate.end_layer(7, 10, 0) is True
+    gate.begin_layer(8)
+    with pytest.raises(AssertionError, match="read the previous window"):
+        gate.end_layer(8, 10, 3)
+
+
+def test_debug_line():
+    r = GateReading(5, True, 58, 2.894, None, True)
+    assert r.line() == "cpu gate: layer 5 shared, 58 non-resident, 2.89 ms (0.0499 a expert) -> share"
+
+
+def test_gated_share_uses_meter_after_readings():
+    pol = GatedShare(ShareMeter(), CpuGate())
+    assert pol.begin_layer(0) is False and pol.share(False) == 0.0
+    assert not pol.end_layer(LayerEnd(0, 20, 0)).gpu
+    assert pol.begin_layer(1) is True
+    pol.readings(None, None)
+    assert pol.share(True) == 0.5                    # the meter's start
+    want = pol.end_layer(LayerEnd(1, 20, 10, cpu_ms=1.0))
+    assert want.gpu and want.wall
+    assert pol.begin_layer(2) is False
+    pol.readings(gpu_ms=9.0, wall_ms=5.0)            # c = 0.1, g = 0.9 -> 0.9
+    assert pol.meter.share == pytest.approx(0.9)
+    ungated = MeteredShare()
+    assert all(ungated.begin_layer(l) for l in range(5))
