@@ -108,9 +108,10 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed while rendering: {type(e).__name__}: {e}") from e
 
 
-def render(template: str | None, messages: list[dict], add_generation_prompt: bool = True, bos_token: str = "",
-           eos_token: str = "", **extra) -> str:
+def render(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
+           bos_token: str = "", eos_token: str = "", **extra) -> str:
     """Render `messages` with `template` (jinja2 source); None or "" renders the ChatML fallback."""
     return ChatTemplate(template or FALLBACK_TEMPLATE).render(
-        messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **extra
+        messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
+        **extra
     )

@@ -1,10 +1,11 @@
-"""The tokenizer of a GGUF file, giving llama.cpp's token ids (`llama_tokenize`) and text (`llama_detokenize`).
+"""The tokenizer of a GGUF file: llama.cpp's token ids (`llama_tokenize`) and text (`llama_detokenize`).
 
 Built from the `tokenizer.*` metadata alone. Models: `gpt2` (byte-level BPE; pre-tokenisers in
 `strata.tok.pretok.PRE_ALIASES`: qwen2, llama-bpe/llama3, default, gpt-2/olmo/mpt/phi-2, stablelm2, ...) and
-`llama` (SentencePiece with byte fallback, as Mixtral's GGUFs). Encoding follows `llama_vocab::impl::tokenize`:
-1. special tokens are cut out of the raw text first (`tokenizer_st_partition`): every CONTROL, USER_DEFINED and
-   UNKNOWN token, longest text first, each splitting every remaining raw fragment at all its occurrences
+`llama` (SentencePiece with byte fallback, as Mixtral's GGUFs). Encoding follows
+`llama_vocab::impl::tokenize`:
+1. special tokens are cut out of the raw text first (`tokenizer_st_partition`): every CONTROL, USER_DEFINED
+   and UNKNOWN token, longest text first, each splitting every remaining raw fragment at all its occurrences
    (with parse_special=False only USER_DEFINED ones);
 2. each raw fragment is encoded on its own: BPE after pre-tokenising, or SPM after escaping spaces to U+2581
    (with a leading space when add_space_prefix and the fragment is first or follows a special token);
@@ -57,7 +58,8 @@ class Tokenizer:
         return self.vocab.eog
 
     def is_eog(self, tid: int) -> bool:
-        """End of generation: EOS, EOT, EOM and the end-of-turn texts llama.cpp collects (`llama_vocab_is_eog`)."""
+        """End of generation: EOS, EOT, EOM and the end-of-turn texts llama.cpp collects
+        (`llama_vocab_is_eog`)."""
         return tid in self.vocab.eog
 
     def is_control(self, tid: int) -> bool:
@@ -119,7 +121,8 @@ class Tokenizer:
         b"" unless `special`."""
         return token_piece(self.vocab, self._pieces, tid, special)
 
-    def decode_bytes(self, ids: list[int], remove_special: bool = False, unparse_special: bool = True) -> bytes:
+    def decode_bytes(self, ids: list[int], remove_special: bool = False, unparse_special: bool = True
+                     ) -> bytes:
         """`llama_detokenize(ids, remove_special, unparse_special)`, exactly (bytes, maybe invalid UTF-8)."""
         return detokenize(self.vocab, self._pieces, ids, remove_special, unparse_special)
 

@@ -11,8 +11,10 @@ from strata.tok.pretok import BYTE_TO_UNICODE, byte_encode, pre_tokenizer
 from strata.tokenizer import Tokenizer
 
 B = list(BYTE_TO_UNICODE)   # ids 0..255: byte b is spelled B[b]; "Ġ" is the space (byte 0x20)
-EXTRA = ["ab", "bc", "abc", "Ġa", "aa", "ĠĠ", "<think>", "<|im_end|>", "<|im_start|>", "<|im", "<|endoftext|>"]
-TYPES = [1] * (256 + 6) + [4, 1, 3, 3, 3]   # <think> USER_DEFINED; <|im_end|> NORMAL (llama.cpp forces CONTROL)
+EXTRA = ["ab", "bc", "abc", "Ġa", "aa", "ĠĠ", "<think>", "<|im_end|>", "<|im_start|>", "<|im",
+         "<|endoftext|>"]
+# <think> USER_DEFINED; <|im_end|> NORMAL (llama.cpp forces it to CONTROL); the others CONTROL
+TYPES = [1] * (256 + 6) + [4, 1, 3, 3, 3]
 MERGES = ["a b", "b c", "ab c", "Ġ a", "a a", "x y", "Ã ©", "Ġ Ġ"]   # "xy" and "Ã©" are merges without tokens
 ID = {t: i for i, t in enumerate(B + EXTRA)}
 
@@ -40,7 +42,7 @@ def ids(*texts):
     (" abc", ids("Ġ", "abc")),        # ab (0) beats Ġa (3); then "Ġ abc" is no merge
     (" a", ids("Ġa")),
     ("xy", ids("x", "y")),            # merged to "xy", not a token: one-byte tokens x, y instead
-    ("é", []),                        # merged to "Ã©", not a token: its bytes are non-ASCII, llama.cpp drops them
+    ("é", []),                        # merged to "Ã©", not a token: non-ASCII bytes, llama.cpp drops them
     ("ab1234", ids("ab", "1", "2", "3", "4")),   # qwen2: digits one by one
     ("", []),
 ])
@@ -50,7 +52,7 @@ def test_bpe_known_answers(tok, text, expect):
 
 def test_specials_split_first_longest_first(tok):
     # "<|im_start|>" (12 bytes) is cut before "<|im" (4); "<|im_end|>" was NORMAL but is forced CONTROL
-    assert tok.encode("<|im_start|>ab<|im_end|><|im") == [ID["<|im_start|>"], ID["ab"], ID["<|im_end|>"], ID["<|im"]]
+    assert tok.encode("<|im_start|>ab<|im_end|><|im") == ids("<|im_start|>", "ab", "<|im_end|>", "<|im")
     assert tok.is_control(ID["<|im_end|>"])
     # without parse_special only USER_DEFINED tokens are cut out
     plain = tok.encode("<think><|im", parse_special=False)
@@ -69,8 +71,8 @@ def test_bos_eos_defaults_and_keys():
                                      eos_token_id=ID["<|endoftext|>"]))
     assert t.encode("ab") == [ID["<|im_start|>"], ID["ab"], ID["<|endoftext|>"]]
     with pytest.raises(ValueError, match="add_bos_token is true but"):
-        Tokenizer.from_metadata({**meta(), "tokenizer.ggml.tokens": B[:10], "tokenizer.ggml.token_type": [1] * 10,
-                                 "tokenizer.ggml.add_bos_token": True})
+        Tokenizer.from_metadata({**meta(), "tokenizer.ggml.tokens": B[:10],
+                                 "tokenizer.ggml.token_type": [1] * 10, "tokenizer.ggml.add_bos_token": True})
 
 
 def test_eog_set(tok):
@@ -81,13 +83,13 @@ def test_eog_set(tok):
 
 
 def test_ignore_merges_llama3():
-    # "xy" is not reachable by merges ("x y" gives no token), but with llama3's ignore_merges a whole pre-token
-    # that is in the vocabulary is taken as it is
+    # "xyz" is not reachable by merges ("x y" gives no token), but with llama3's ignore_merges a whole
+    # pre-token that is in the vocabulary is taken as it is
     m = meta(pre="llama-bpe")
     m["tokenizer.ggml.tokens"] = B + EXTRA + ["xyz"]
     m["tokenizer.ggml.token_type"] = TYPES + [1]
     assert Tokenizer.from_metadata(m).encode("xyz", add_special=False) == [len(B + EXTRA)]
-    assert Tokenizer.from_metadata({**m, "tokenizer.ggml.pre": "qwen2"}).encode("xyz") == [ID["x"], ID["y"], ID["z"]]
+    assert Tokenizer.from_metadata({**m, "tokenizer.ggml.pre": "qwen2"}).encode("xyz") == ids("x", "y", "z")
 
 
 def test_errors_name_the_supported_values():
@@ -102,7 +104,8 @@ def test_errors_name_the_supported_values():
 
 
 @pytest.mark.parametrize("pre, text, words", [
-    ("qwen2", "Hi there  12 it's\n\n  x", ["Hi", " there", " ", " ", "1", "2", " it", "'s", "\n\n", " ", " x"]),
+    ("qwen2", "Hi there  12 it's\n\n  x",
+     ["Hi", " there", " ", " ", "1", "2", " it", "'s", "\n\n", " ", " x"]),
     ("llama-bpe", "1234567 IT'S", ["123", "456", "7", " IT", "'S"]),
     ("gpt-2", "IT'S 1234 ??", ["IT", "'", "S", " 1234", " ??"]),   # gpt2's contractions are lower case only
     # default: punctuation runs, then gpt2, then digit runs, then ASCII digits in threes
@@ -138,13 +141,14 @@ def test_incomplete_utf8():
     s = StreamDecoder(t)
     assert s.feed(e[0]) == "" and s.feed(e[1]) == "é"
     assert s.feed(e[0]) == "" and s.flush() == "\ufffd"
-    assert [incomplete_utf8_tail(b) for b in (b"", b"a", b"\xe6", b"\xe6\x97", b"\xe6\x97\xa5", b"\xf0\x9f\xa4")] \
-        == [0, 0, 1, 2, 0, 3]
+    tails = (b"", b"a", b"\xe6", b"\xe6\x97", b"\xe6\x97\xa5", b"\xf0\x9f\xa4")
+    assert [incomplete_utf8_tail(b) for b in tails] == [0, 0, 1, 2, 0, 3]
 
 
 def test_piece_and_ids(tok):
     assert tok.piece(ID["Ġa"]) == b" a"
-    assert tok.piece(ID["<|im_start|>"]) == b"<|im_start|>" and tok.piece(ID["<|im_start|>"], special=False) == b""
+    assert tok.piece(ID["<|im_start|>"]) == b"<|im_start|>"
+    assert tok.piece(ID["<|im_start|>"], special=False) == b""
     assert tok.n_vocab == 256 + len(EXTRA) and tok.token_id("abc") == ID["abc"]
     with pytest.raises(IndexError):
         tok.piece(tok.n_vocab)

@@ -76,7 +76,8 @@ def test_parity_with_hf_tokenizers(vocab, strings, pre):
     assert len(cases) > 300
     bad = [(s, tok.encode(s), ref.encode(s, add_special_tokens=False).ids) for s in cases]
     bad = [b for b in bad if b[1] != b[2]]
-    assert not bad, f"{len(bad)}/{len(cases)} differ; first: {bad[0][0]!r}\n ours {bad[0][1]}\n hf   {bad[0][2]}"
+    assert not bad, (f"{len(bad)}/{len(cases)} differ; first: {bad[0][0]!r}\n ours {bad[0][1]}\n"
+                     f" hf   {bad[0][2]}")
 
 
 def test_decode_round_trip(vocab, strings):

@@ -41,7 +41,7 @@ def byte(c):
     ("é", ids("<s>", "▁") + byte("é")),                       # no piece: UTF-8 bytes as <0xXX>
     ("x y", ids("<s>", "▁", "x▁") + byte("y")),                # "▁x▁y": x▁ (-0.5) beats ▁x (-6)
     ("", ids("<s>")),                                          # BOS alone, as SentencePiece does
-    ("x<s>y", ids("<s>", "▁x", "<s>", "▁") + byte("y")),      # after a special the text gets a space prefix again
+    ("x<s>y", ids("<s>", "▁x", "<s>", "▁") + byte("y")),      # after a special: the space prefix again
 ])
 def test_spm_known_answers(tok, text, expect):
     assert tok.encode(text) == expect

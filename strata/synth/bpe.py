@@ -1,9 +1,10 @@
 """Our deterministic vocabulary trainers and the GGUF tokenizer keys of a made-up model.
 
 `train_bpe`: byte-level BPE (GPT-2/Qwen style) over pre-tokens of the chosen llama.cpp pre-tokeniser.
-`train_spm`: a SentencePiece-style vocabulary for the `llama` tokenizer model (Mixtral): `<unk> <s> </s>`, the
-256 byte-fallback tokens, then pieces learnt by the same BPE merge loop over U+2581-escaped words (score = minus
-the merge index, so llama.cpp's score-driven merging replays them in order), then single characters.
+`train_spm`: a SentencePiece-style vocabulary for the `llama` tokenizer model (Mixtral): `<unk> <s> </s>`,
+the 256 byte-fallback tokens, then pieces learnt by the same BPE merge loop over U+2581-escaped words
+(score = minus the merge index, so llama.cpp's score-driven merging replays them in order), then single
+characters.
 Both merge loops take the most frequent adjacent pair, ties broken by the smaller (left id, right id), so the
 result depends only on the text. `tokenizer_metadata` returns the `tokenizer.*` keys as llama.cpp reads them,
 and `write_tokenizer_metadata` writes them with the GGUF value types llama.cpp's loader insists on.
@@ -25,7 +26,9 @@ SPM_SPECIALS = ("<unk>", "<s>", "</s>")
 # SentencePiece-style words (split_by_whitespace, _by_unicode_script, _by_number): U+2581? then a run of
 # letters, of digits or of other characters; a run of U+2581 before such a word stays apart.
 _SPM_WORDS = regex.compile(
-    f"{SPACE}+(?={SPACE}[^{SPACE}\\s])|{SPACE}?(?:\\p{{L}}+|\\p{{N}}+|[^\\p{{L}}\\p{{N}}{SPACE}\\s]+)|{SPACE}+"
+    f"{SPACE}+(?={SPACE}[^{SPACE}\\s])"
+    f"|{SPACE}?(?:\\p{{L}}+|\\p{{N}}+|[^\\p{{L}}\\p{{N}}{SPACE}\\s]+)"
+    f"|{SPACE}+"
 )
 
 
@@ -128,7 +131,7 @@ def train_spm(text: str, vocab_size: int) -> tuple[list[str], list[int], list[fl
     fixed = list(SPM_SPECIALS) + [f"<0x{b:02X}>" for b in range(256)]
     n_new = vocab_size - len(fixed) - len(alphabet)
     if n_new < 0:
-        raise ValueError(f"vocab_size {vocab_size} is below {len(fixed) + len(alphabet)} fixed tokens + characters")
+        raise ValueError(f"vocab_size {vocab_size} < {len(fixed)} fixed tokens + {len(alphabet)} characters")
     idx = {c: i for i, c in enumerate(alphabet)}
     wids = Counter()
     for w, n in words.items():   # a rare character splits its word: it is never merged

@@ -1,7 +1,7 @@
 """The training text of our made-up vocabularies: CPython standard-library sources (PSF licence).
 
 A fixed, sorted list of top-level stdlib modules (none removed in 3.12/3.13, no machine-specific
-`_sysconfigdata*`), read from this interpreter's `sysconfig.get_paths()["stdlib"]` and joined with one newline.
+`_sysconfigdata*`), read from this interpreter's `sysconfig.get_paths()["stdlib"]`, joined with one newline.
 Another Python has other sources, so the text is reproducible only on the recorded version; `Corpus.recorded`
 says whether this one matches byte for byte (its SHA-256), and vocabularies meant to stay fixed are stored as
 data rather than retrained.
@@ -16,21 +16,23 @@ import sysconfig
 from dataclasses import dataclass
 
 RECORDED_PYTHON = "3.11.7"
-RECORDED_SHA256 = "903e3545bf3bdda8392b3f7f4c3ccbaeba6ed6f7df4ee7154b8dbcfb9a727c8a"  # sha256 of the joined text of STDLIB_FILES on RECORDED_PYTHON
+# SHA-256 of the joined text of STDLIB_FILES on RECORDED_PYTHON
+RECORDED_SHA256 = "903e3545bf3bdda8392b3f7f4c3ccbaeba6ed6f7df4ee7154b8dbcfb9a727c8a"
 STDLIB_FILES = (
     "__future__.py", "__hello__.py", "_aix_support.py", "_bootsubprocess.py", "_collections_abc.py",
-    "_compat_pickle.py", "_compression.py", "_markupbase.py", "_osx_support.py", "_py_abc.py", "_pydecimal.py",
-    "_pyio.py", "_sitebuiltins.py", "_strptime.py", "_threading_local.py", "_weakrefset.py", "abc.py",
-    "antigravity.py", "argparse.py", "ast.py", "base64.py", "bdb.py", "bisect.py", "bz2.py", "cProfile.py",
-    "calendar.py", "cmd.py", "code.py", "codecs.py", "codeop.py", "colorsys.py", "compileall.py",
-    "configparser.py", "contextlib.py", "contextvars.py", "copy.py", "copyreg.py", "csv.py", "dataclasses.py",
-    "datetime.py", "decimal.py", "difflib.py", "dis.py", "doctest.py", "enum.py", "filecmp.py", "fileinput.py",
-    "fnmatch.py", "fractions.py", "ftplib.py", "functools.py", "genericpath.py", "getopt.py", "getpass.py",
-    "gettext.py", "glob.py", "graphlib.py", "gzip.py", "hashlib.py", "heapq.py", "hmac.py", "imaplib.py",
-    "inspect.py", "io.py", "ipaddress.py", "keyword.py", "linecache.py", "locale.py", "lzma.py", "mailbox.py",
-    "mimetypes.py", "modulefinder.py", "netrc.py", "ntpath.py", "nturl2path.py", "numbers.py", "opcode.py",
-    "operator.py", "optparse.py", "os.py", "pathlib.py", "pdb.py", "pickle.py", "pickletools.py", "pkgutil.py",
-    "platform.py", "plistlib.py", "poplib.py", "posixpath.py", "pprint.py", "profile.py", "pstats.py", "pty.py",
+    "_compat_pickle.py", "_compression.py", "_markupbase.py", "_osx_support.py", "_py_abc.py",
+    "_pydecimal.py", "_pyio.py", "_sitebuiltins.py", "_strptime.py", "_threading_local.py",
+    "_weakrefset.py", "abc.py", "antigravity.py", "argparse.py", "ast.py", "base64.py", "bdb.py",
+    "bisect.py", "bz2.py", "cProfile.py", "calendar.py", "cmd.py", "code.py", "codecs.py", "codeop.py",
+    "colorsys.py", "compileall.py", "configparser.py", "contextlib.py", "contextvars.py", "copy.py",
+    "copyreg.py", "csv.py", "dataclasses.py", "datetime.py", "decimal.py", "difflib.py", "dis.py",
+    "doctest.py", "enum.py", "filecmp.py", "fileinput.py", "fnmatch.py", "fractions.py", "ftplib.py",
+    "functools.py", "genericpath.py", "getopt.py", "getpass.py", "gettext.py", "glob.py", "graphlib.py",
+    "gzip.py", "hashlib.py", "heapq.py", "hmac.py", "imaplib.py", "inspect.py", "io.py", "ipaddress.py",
+    "keyword.py", "linecache.py", "locale.py", "lzma.py", "mailbox.py", "mimetypes.py", "modulefinder.py",
+    "netrc.py", "ntpath.py", "nturl2path.py", "numbers.py", "opcode.py", "operator.py", "optparse.py",
+    "os.py", "pathlib.py", "pdb.py", "pickle.py", "pickletools.py", "pkgutil.py", "platform.py",
+    "plistlib.py", "poplib.py", "posixpath.py", "pprint.py", "profile.py", "pstats.py", "pty.py",
     "py_compile.py", "pyclbr.py", "pydoc.py", "queue.py", "quopri.py", "random.py", "reprlib.py",
     "rlcompleter.py", "runpy.py", "sched.py", "secrets.py",
 )   # 104 files, 2,997,264 bytes on 3.11.7
@@ -59,7 +61,7 @@ def stdlib_corpus(files: tuple[str, ...] = STDLIB_FILES, max_bytes: int | None =
     for name in sorted(files):
         path = os.path.join(root, name)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"stdlib file {name} is missing from {root} (Python "
+            raise FileNotFoundError(f"stdlib file {name} is missing from {root} (this is Python "
                                     f"{platform.python_version()}; the corpus was recorded on {RECORDED_PYTHON})")
         with open(path, encoding="utf-8") as f:
             s = f.read()

@@ -47,7 +47,8 @@ def _byte_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def token_piece(vocab: Vocab, cache: tuple[bytes, ...], tid: int, special: bool, lstrip: bool = False) -> bytes:
+def token_piece(vocab: Vocab, cache: tuple[bytes, ...], tid: int, special: bool, lstrip: bool = False
+                ) -> bytes:
     if not 0 <= tid < vocab.n_vocab:
         raise IndexError(f"token id {tid} is outside the vocabulary (0..{vocab.n_vocab - 1})")
     if not special and vocab.attrs[tid] & _HIDDEN:

@@ -21,15 +21,17 @@ import regex
 # which llama.cpp's scanner (`unicode_tolower` + ASCII compare) does not.
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 
-# GPT-2's pattern; llama.cpp's string lacks the final `|\s+`, but its scanner emits a lone whitespace run there
-# (`// regex: \s+`), so the alternation below is what it computes.
+# GPT-2's pattern; llama.cpp's string lacks the final `|\s+`, but its scanner emits a lone whitespace run
+# there (`// regex: \s+`), so the alternation below is what it computes.
 GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # llama 3's tokenizer.json pattern (LLAMA_VOCAB_PRE_TYPE_LLAMA3): digits in groups of up to three.
 LLAMA3_RE = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # Qwen2's (LLAMA_VOCAB_PRE_TYPE_QWEN2): as llama 3 but every digit alone.
-QWEN2_RE = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_RE = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # LLAMA_VOCAB_PRE_TYPE_DEFAULT: four passes, punctuation runs first, then GPT-2, then digit runs, then ASCII
 # digits in threes. (Not GPT-2's single regex, whatever the name suggests.)
 DEFAULT_RES = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -78,8 +80,8 @@ _TYPES = {
     "stablelm2": PreTokenizer("stablelm2", (QWEN2_RE,)),
 }
 
-# `tokenizer.ggml.pre` value -> type, as the if-chain in `llama_vocab::impl::load` maps them. Only values whose
-# type and flags we reproduce are listed; anything else is refused (no silent fallback).
+# `tokenizer.ggml.pre` value -> type, as the if-chain in `llama_vocab::impl::load` maps them. Only values
+# whose type and flags we reproduce are listed; anything else is refused (no silent fallback).
 PRE_ALIASES = {
     "default": "default",
     "gpt-2": "gpt2", "phi-2": "gpt2", "mpt": "gpt2", "olmo": "gpt2",  # GPT2, MPT, OLMO share one regex
@@ -119,5 +121,6 @@ _ENCODE_TABLE = {b: c for b, c in enumerate(BYTE_TO_UNICODE)}   # str.translate 
 
 
 def byte_encode(word: str) -> str:
-    """A pre-token's UTF-8 bytes, each spelled as its byte-level character (`unicode_byte_encoding_process`)."""
+    """A pre-token's UTF-8 bytes, each spelled as its byte-level character (unicode.cpp
+    `unicode_byte_encoding_process`)."""
     return word.encode("utf-8").decode("latin-1").translate(_ENCODE_TABLE)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from strata.tok.pretok import PreTokenizer, pre_tokenizer
 
-MODELS = ("gpt2", "llama")   # tokenizer.ggml.model values we implement: byte-level BPE and SentencePiece (SPM)
+# tokenizer.ggml.model values we implement: byte-level BPE and SentencePiece (SPM)
+MODELS = ("gpt2", "llama")
 
 
 class TokenType(enum.IntEnum):
@@ -164,9 +165,9 @@ class Vocab:
         add_bos = bool(g("add_bos_token", add_bos))
         add_eos = bool(g("add_eos_token", add_eos))
         if add_bos and special["bos"] is None:
-            raise ValueError("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is not set")
+            raise ValueError("tokenizer.ggml.add_bos_token is true but no bos_token_id is set")
         if add_eos and special["eos"] is None:
-            raise ValueError("tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id is not set")
+            raise ValueError("tokenizer.ggml.add_eos_token is true but no eos_token_id is set")
 
         eog = _detect_by_text(tokens, attrs, special)
         cache = [i for i in range(n) if attrs[i] & (CONTROL | USER_DEFINED | UNKNOWN)]
@@ -183,8 +184,8 @@ class Vocab:
 def _detect_by_text(tokens: list[str], attrs: list[int], special: dict) -> set[int]:
     """llama.cpp's load-time fix-ups by token text; mutates `attrs` and `special`, returns the EOG set.
 
-    Where llama.cpp iterates a hash map (so several candidates pick an arbitrary one), the lowest id wins here;
-    only the eot/fim ids themselves can differ, the EOG set cannot.
+    Where llama.cpp iterates a hash map (so of several candidates it picks an arbitrary one), the lowest id
+    wins here; only the eot/fim ids themselves can differ, the EOG set cannot.
     """
     def control(i):
         attrs[i] |= CONTROL   # "control-looking token ... was not control-type": llama.cpp forces it

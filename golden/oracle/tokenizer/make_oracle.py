@@ -68,12 +68,13 @@ CONFIGS = [   # special tokens by text; add_bos None = key absent (llama.cpp's d
 ]
 
 HAND_CASES = [
-    "", " ", "  ", "\n", "\n\n\n", " \n ", "\t\tx", "\r\n", "hello world", "Hello World!!", "abc", "bcab", "aaa",
-    " abc", "  abc", "   abc", "xy", "é", "café", "naïve café — 日本語 テキスト 🤖", "12345678901234567890",
+    "", " ", "  ", "\n", "\n\n\n", " \n ", "\t\tx", "\r\n", "hello world", "Hello World!!", "abc", "bcab",
+    "aaa",    " abc", "  abc", "   abc", "xy", "é", "café", "naïve café — 日本語 テキスト 🤖", "12345678901234567890",
     "3.14159 + 2,718", "don't won't I'm you're they've we'll she'd IT'S", "'''quoted'''", "ſ 's 'S 'ſ",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|im_end|>c", "<|im", "<|im_",
     "<think>x</think>", "<s>hi</s>", "x<s>y", "<unk>", "<0x41>", "[PAD]", "   leading and trailing   ",
-    "tabs\tand\nnew\r\nlines\r\n", "emoji 👍🏽 family 👨‍👩‍👧 flags 🇫🇷", "中文分词测试，标点！", "Ελληνικά кириллица עברית العربية",
+    "tabs\tand\nnew\r\nlines\r\n", "emoji 👍🏽 family 👨‍👩‍👧 flags 🇫🇷", "中文分词测试，标点！",
+    "Ελληνικά кириллица עברית العربية",
     "x" * 300, " " * 50 + "x", "def f(x):\n    return x ** 2\n", "$$$ ^^^ ||| ~~~ +++ <<< >>> === ```",
     "a\u00a0b\u3000c\u2028d\u0085e", "ＡＢＣ１２３", "ǅungla Ⅻ ½ ²", "e\u0301 combining", "\u200bzero width",
     "hello , world . ok ? yes ! it 's I 'm we 're they 've don 't she 'd we 'll ' quoted ' end",
@@ -120,8 +121,8 @@ def build_meta(cfg: dict, vocabs: dict) -> dict:
     v = vocabs[cfg["vocab"]]
     spm = "scores" in v
     meta = tokenizer_metadata(v["tokens"], v["types"], None if spm else v["merges"], cfg["pre"], cfg["bos"],
-                              cfg["eos"], cfg["eot"], None, cfg["pad_to"], scores=v.get("scores"), pad=cfg["pad"],
-                              add_bos=cfg["add_bos"])
+                              cfg["eos"], cfg["eot"], None, cfg["pad_to"], scores=v.get("scores"),
+                              pad=cfg["pad"], add_bos=cfg["add_bos"])
     if cfg["add_bos"] is None:
         del meta["tokenizer.ggml.add_bos_token"]
     if "add_eos" in cfg:
