@@ -30,8 +30,9 @@ def f16(blocks: np.ndarray, off: int) -> np.ndarray:
 
 
 def put_f16(blocks: np.ndarray, off: int, values: np.ndarray) -> None:
-    """Store float values as fp16 (round to nearest even, like ``GGML_FP32_TO_FP16``) at byte ``off``."""
-    blocks[:, off : off + 2] = np.asarray(values, F32).astype(np.float16).reshape(-1, 1).view(np.uint8)
+    """Store float values as fp16 (round to nearest even, like ``GGML_FP32_TO_FP16``; too large -> inf)."""
+    with np.errstate(over="ignore"):
+        blocks[:, off : off + 2] = np.asarray(values, F32).astype(np.float16).reshape(-1, 1).view(np.uint8)
 
 
 def to_f16(x: np.ndarray) -> np.ndarray:
@@ -126,7 +127,8 @@ def random_bytes(rng: np.random.Generator, n_blocks: int, size: int) -> np.ndarr
 
 def f16_scale(d: float) -> np.float16:
     """A super-scale for random blocks as fp16, refusing values fp16 cannot hold."""
-    h = np.float16(d)
+    with np.errstate(over="ignore"):
+        h = np.float16(d)
     if not np.isfinite(h):
         raise ValueError(f"scale {d:g} does not fit an fp16 block scale")
     return h

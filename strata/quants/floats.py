@@ -31,8 +31,13 @@ class _Float(QuantType):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         # uniform on [-sqrt(3), sqrt(3)]·d has RMS d; float32 draws are the cheap path
-        x = (rng.random(n_blocks, dtype=_f32) * _f32(2) - _f32(1)) * _f32(np.sqrt(3.0) * d)
-        return cls.quantize(x.reshape(-1, 1))
+        with np.errstate(over="ignore"):
+            amp = _f32(np.sqrt(3.0) * d)
+            x = (rng.random(n_blocks, dtype=_f32) * _f32(2) - _f32(1)) * amp
+            blocks = cls.quantize(x.reshape(-1, 1))
+        if not (np.isfinite(amp) and np.isfinite(cls._to_f32(blocks)).all()):
+            raise ValueError(f"scale {d:g} does not fit {cls.name}")
+        return blocks
 
     @classmethod
     def vec_dot(cls, w, a):
@@ -70,7 +75,8 @@ class F16(_Float, qtype=1):
 
     @classmethod
     def quantize(cls, x):
-        return np.asarray(x, _f32).reshape(-1, 1).astype(np.float16).view(np.uint8)
+        with np.errstate(over="ignore"):  # beyond fp16's range -> inf, like GGML_FP32_TO_FP16
+            return np.asarray(x, _f32).reshape(-1, 1).astype(np.float16).view(np.uint8)
 
 
 class BF16(_Float, qtype=30):

@@ -14,11 +14,6 @@ from strata.quants import act
 from strata.quants.base import QuantType
 
 F32 = np.float32
-_TERNARY4 = np.array([a | b << 2 | c << 4 | e << 6 for e in range(3) for c in range(3) for b in range(3)
-                      for a in range(3)], np.uint8)  # the 81 bytes whose four codes are all in 0..2
-_TERNARY_OF_BYTE = _TERNARY4[np.arange(256) % 81]  # random byte -> ternary byte (slightly uneven, fast)
-
-
 class Q2_0(QuantType, qtype=42):
     """``block_q2_0``: fp16 d | qs[16] (``dequantize_row_q2_0``).
 
@@ -56,8 +51,9 @@ class Q2_0(QuantType, qtype=42):
 
     @classmethod
     def _random(cls, rng, n_blocks, d):
-        # codes in 0..2 only, like ggml's quantiser: one random byte of four ternary codes per qs byte
-        blocks = _TERNARY_OF_BYTE[C.random_bytes(rng, n_blocks, cls.type_size)]
+        # codes in 0..2 only, like ggml's quantiser: random codes with each 3 turned into a 2 (clear its low bit)
+        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
+        blocks ^= blocks & (blocks >> 1) & 0x55
         C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
         return blocks
 
