@@ -82,6 +82,9 @@ def cmd_golden(a) -> int:
     from strata.reference import golden
 
     names = a.model or None
+    if a.synth:
+        for p in golden.synth_models():
+            print(f"golden: synthesised {p}")
     if a.write:
         for p in golden.write(names=names):
             print(f"golden: wrote {p}")
@@ -111,6 +114,7 @@ def main(argv=None) -> int:
     g.add_argument("--check", action="store_true")
     g.add_argument("--write", action="store_true")
     p.add_argument("--model", action="append", help="only this golden model (repeatable)")
+    p.add_argument("--synth", action="store_true", help="first re-synthesise the tiny golden models (seed 0)")
     a = ap.parse_args(argv)
     try:
         return {"logits": cmd_logits, "generate": cmd_generate, "golden": cmd_golden}[a.cmd](a)

@@ -92,6 +92,20 @@ def golden_path(name: str, path: Path, directory: str = GOLDEN_DIR) -> str:
     return os.path.join(directory, f"{name}.{path.value}.npz")
 
 
+def synth_models(directory: str = GOLDEN_DIR) -> list[str]:
+    """(Re)write the synthesised golden models from their presets, seed 0 (deterministic: a test checks that
+    this reproduces the committed files byte for byte)."""
+    from strata.synth.build import synthesise
+    from strata.synth.presets import PRESETS
+
+    out = []
+    for name in MODELS:
+        p = os.path.join(directory, name + ".gguf")
+        synthesise(PRESETS[name], p, seed=0, name=name)
+        out.append(p)
+    return out
+
+
 def write(directory: str = GOLDEN_DIR, names: list[str] | None = None) -> list[str]:
     prompts, n = load_prompts(directory)
     done = []
