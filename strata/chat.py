@@ -8,6 +8,10 @@ globals `raise_exception(msg)` and `strftime_now(fmt)`, and a `tojson` filter th
 
 Without a template (a GGUF lacking `tokenizer.chat_template`) we use ChatML, as llama.cpp's
 `llama_chat_apply_template` does when it is given none.
+
+A template that writes `bos_token` itself (Mixtral's) plus a vocabulary that adds BOS (SentencePiece) gives
+two BOS tokens; llama.cpp's chat code drops the template's leading BOS text before tokenizing, so callers
+that want its prompts should do the same (or encode with add_special=False).
 """
 
 from __future__ import annotations

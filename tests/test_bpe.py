@@ -9,7 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from strata.synth.bpe import KEY_TYPES, tokenizer_metadata, train_bpe, train_spm, write_tokenizer_metadata
+from strata.synth.bpe import (KEY_TYPES, preset_tokenizer_metadata, tokenizer_metadata, train_bpe, train_spm,
+                              write_tokenizer_metadata)
 from strata.synth.corpus import STDLIB_FILES, stdlib_corpus
 from strata.tok.pretok import BYTE_TO_UNICODE
 from strata.tokenizer import Tokenizer
@@ -137,3 +138,23 @@ def test_stored_vocabularies_are_reproducible():
     assert (tokens, types) == (stored["spm"]["tokens"], stored["spm"]["types"])
     assert np.array_equal(np.float32(scores), np.float32(stored["spm"]["scores"]))
     assert t_bpe < 60, f"4k BPE on 3 MB took {t_bpe:.1f}s"
+
+
+def test_presets(small):
+    from strata.chat import render
+
+    q = preset_tokenizer_metadata("qwen", small, 600, pad_to=1000)
+    tok = Tokenizer.from_metadata(q)
+    prompt = render(tok.chat_template, [{"role": "user", "content": "hi"}])
+    ids = tok.encode(prompt)
+    assert ids[0] == tok.token_id("<|im_start|>") and ids[-1] == tok.token_id("\u010a")   # "\n" byte token
+    assert tok.is_eog(tok.token_id("<|im_end|>")) and tok.bos_id == tok.token_id("<|endoftext|>")
+    assert tok.n_vocab == 1000 and tok.encode("x", add_special=True) == tok.encode("x", add_special=False)
+    m = preset_tokenizer_metadata("mixtral", small, 800)
+    tok = Tokenizer.from_metadata(m)
+    text = render(tok.chat_template, [{"role": "user", "content": "hi"}], bos_token="<s>", eos_token="</s>")
+    assert text == "<s>[INST] hi [/INST]"
+    ids = tok.encode(text)   # llama.cpp adds BOS, and the template wrote one: two, as it warns
+    assert ids[:2] == [tok.bos_id, tok.bos_id]
+    with pytest.raises(ValueError, match="supported: qwen, mixtral"):
+        preset_tokenizer_metadata("gemma", small)

@@ -78,7 +78,8 @@ def test_bos_eos_defaults_and_keys():
 def test_eog_set(tok):
     # <|im_end|> and <|endoftext|> by text; the default eos id 11 as well
     assert tok.eog_ids == {ID["<|im_end|>"], ID["<|endoftext|>"], 11}
-    assert tok.eot_id == ID["<|im_end|>"]   # first end-of-turn text by id
+    # two end-of-turn texts and no eot key: llama.cpp keeps one in hash-map order, we the highest id
+    assert tok.eot_id == ID["<|endoftext|>"]
     assert tok.is_eog(ID["<|endoftext|>"]) and not tok.is_eog(ID["ab"])
 
 

@@ -238,3 +238,21 @@ def write_tokenizer_metadata(writer, meta: dict[str, object]) -> None:
             writer.add_key_value(key, val, scalar[kind])
         else:
             writer.add_key_value(key, list(val), T.ARRAY, sub_type=array[kind])
+
+
+def preset_tokenizer_metadata(style: str, text: str, vocab_size: int = 4096, pad_to: int | None = None
+                              ) -> dict[str, object]:
+    """Tokenizer keys for a made-up model in the style of a preset: "qwen" (byte-level BPE, pre qwen2,
+    ChatML specials and template, bos = pad = <|endoftext|>, eos = <|im_end|>, no BOS added, as Qwen's GGUFs)
+    or "mixtral" (SentencePiece, <s>/</s>, Mixtral-Instruct template, BOS added)."""
+    from strata.chat import CHATML_TEMPLATE, MIXTRAL_TEMPLATE
+
+    if style == "qwen":
+        tokens, types, merges = train_bpe(text, vocab_size, QWEN_SPECIALS, pre="qwen2")
+        return tokenizer_metadata(tokens, types, merges, "qwen2", "<|endoftext|>", "<|im_end|>", None,
+                                  CHATML_TEMPLATE, pad_to, pad="<|endoftext|>")
+    if style == "mixtral":
+        tokens, types, scores = train_spm(text, vocab_size)
+        return tokenizer_metadata(tokens, types, None, "default", "<s>", "</s>", None, MIXTRAL_TEMPLATE, pad_to,
+                                  scores=scores)
+    raise ValueError(f"unknown tokenizer style {style!r}; supported: qwen, mixtral")

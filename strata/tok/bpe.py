@@ -14,6 +14,8 @@ import heapq
 from strata.tok.pretok import byte_encode
 from strata.tok.vocab import Vocab
 
+CACHE_WORDS = 1 << 18   # the word cache is emptied when it reaches this many entries (a long-running server)
+
 
 class BpeEncoder:
     def __init__(self, vocab: Vocab):
@@ -26,6 +28,8 @@ class BpeEncoder:
         for word in self.vocab.pre.split(fragment):
             ids = cache.get(word)
             if ids is None:
+                if len(cache) >= CACHE_WORDS:
+                    cache.clear()
                 ids = cache[word] = self._encode_word(byte_encode(word))
             out.extend(ids)
 

@@ -16,6 +16,7 @@ import heapq
 
 import regex
 
+from strata.tok.bpe import CACHE_WORDS
 from strata.tok.vocab import Vocab
 
 SPACE = "\u2581"
@@ -39,6 +40,8 @@ class SpmEncoder:
         for word in _WORDS.findall(text):
             ids = cache.get(word)
             if ids is None:
+                if len(cache) >= CACHE_WORDS:
+                    cache.clear()
                 ids = cache[word] = self._encode_word(word)
             out.extend(ids)
 

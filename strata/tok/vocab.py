@@ -184,14 +184,16 @@ class Vocab:
 def _detect_by_text(tokens: list[str], attrs: list[int], special: dict) -> set[int]:
     """llama.cpp's load-time fix-ups by token text; mutates `attrs` and `special`, returns the EOG set.
 
-    Where llama.cpp iterates a hash map (so of several candidates it picks an arbitrary one), the lowest id
-    wins here; only the eot/fim ids themselves can differ, the EOG set cannot.
+    llama.cpp walks its token -> id hash map here, so where several tokens could be the eot (or a fim) token
+    the one it keeps depends on libstdc++'s bucket order; we take the highest id, which is what that order
+    gave for the vocabularies of tests/test_tokenizer_oracle.py (recent insertions tend to come first). Only
+    these ids can differ from llama.cpp's; the EOG set and the token attributes cannot.
     """
     def control(i):
         attrs[i] |= CONTROL   # "control-looking token ... was not control-type": llama.cpp forces it
 
     named = [i for i, t in enumerate(tokens) if t in _NAMED]   # the few tokens any rule below looks at
-    for i in named:
+    for i in reversed(named):
         t = tokens[i]
         if special["eot"] is None and t in _EOT_TEXTS:
             special["eot"] = i

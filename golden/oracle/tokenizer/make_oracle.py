@@ -56,15 +56,15 @@ CONFIGS = [   # special tokens by text; add_bos None = key absent (llama.cpp's d
     dict(name="bpe_olmo", vocab="bpe", pre="olmo", bos=None, eos="<|endoftext|>", eot=None, pad=None,
          add_bos=False, pad_to=None),
     dict(name="bpe_hand", vocab="bpe_hand", pre="qwen2", bos="<|im_start|>", eos="<|im_end|>", eot=None,
-         pad=None, add_bos=True, pad_to=None),
+         pad=None, add_bos=True, pad_to=None, slices=False),
     dict(name="spm", vocab="spm", pre=None, bos="<s>", eos="</s>", eot=None, pad=None, add_bos=None,
          pad_to=None),
     dict(name="spm_32000", vocab="spm", pre=None, bos="<s>", eos="</s>", eot=None, pad=None, add_bos=None,
          pad_to=32000),
     dict(name="spm_hand", vocab="spm_hand", pre=None, bos="<s>", eos="</s>", eot=None, pad=None, add_bos=None,
-         pad_to=None),
+         pad_to=None, slices=False),
     dict(name="spm_hand_noprefix", vocab="spm_hand", pre=None, bos="<s>", eos="</s>", eot=None, pad=None,
-         add_bos=True, add_eos=True, add_space_prefix=False, pad_to=None),
+         add_bos=True, add_eos=True, add_space_prefix=False, pad_to=None, slices=False),
 ]
 
 HAND_CASES = [
@@ -94,6 +94,51 @@ def cases(corpus_text: str) -> list[str]:
     for _ in range(N_FUZZ):
         out.append("".join(rng.choice(_FUZZ_ALPHABET) for _ in range(rng.randrange(1, 40))))
     return out
+
+
+def case_indices(cfg: dict) -> list[int]:
+    """Which of `cases()` a configuration is run on: all, or (slices=False) the hand and fuzz strings only."""
+    n_hand = len(HAND_CASES)
+    idx = range(n_hand + N_RANDOM + N_FUZZ)
+    return [i for i in idx if cfg.get("slices", True) or not n_hand <= i < n_hand + N_RANDOM]
+
+
+def pack(results: dict, strings: list[str]) -> dict:
+    """Shrink the stored results: a list equal to an earlier configuration's becomes {"same_as": name}; a
+    detokenized text is stored as None when it equals its input, as text when it is valid UTF-8, else as
+    {"hex": ...}."""
+    out = {}
+    for name, r in results.items():
+        r = dict(r)
+        for key in ("detok", "detok_skip"):
+            texts = []
+            for i, h in zip(r["cases"], r[key]):
+                b = bytes.fromhex(h)
+                try:
+                    t = b.decode("utf-8")
+                    texts.append(None if t == strings[i] else t)
+                except UnicodeDecodeError:
+                    texts.append({"hex": h})
+            r[key] = texts
+        for key in ("ids", "ids_plain", "detok", "detok_skip"):
+            for prev, pr in out.items():
+                if pr["cases"] == r["cases"] and pr[key] == r[key]:
+                    r[key] = {"same_as": prev}
+                    break
+        out[name] = r
+    return out
+
+
+def unpack(results: dict, strings: list[str], name: str, key: str) -> list:
+    """Inverse of `pack` for one field: ids lists, or detokenized bytes."""
+    v = results[name][key]
+    while isinstance(v, dict):
+        v = results[v["same_as"]][key]
+    if key.startswith("detok"):
+        idx = results[name]["cases"]
+        return [strings[i].encode() if t is None else bytes.fromhex(t["hex"]) if isinstance(t, dict)
+                else t.encode() for i, t in zip(idx, v)]
+    return v
 
 
 def hand_vocabs() -> dict:
@@ -192,8 +237,9 @@ def worker(job_path: str) -> None:
              "add_eos": bool(L.llama_vocab_get_add_eos(vocab)),
              "eog": [i for i in range(n_vocab) if L.llama_vocab_is_eog(vocab, i)],
              "ids": [], "ids_plain": [], "detok": [], "detok_skip": []}
-        for s in job["cases"]:
-            b = s.encode("utf-8")
+        r["cases"] = job["indices"][name]
+        for i in r["cases"]:
+            b = job["cases"][i].encode("utf-8")
             ids = tokenize(b, True, True)
             r["ids"].append(ids)
             r["ids_plain"].append(tokenize(b, False, False))
@@ -236,12 +282,14 @@ def main() -> None:
             ggufs[cfg["name"]] = os.path.join(tmp, cfg["name"] + ".gguf")
             write_gguf(ggufs[cfg["name"]], build_meta(cfg, vocabs))
         job = os.path.join(tmp, "job.json")
-        json.dump({"ggufs": ggufs, "cases": strings, "out": os.path.join(tmp, "out.json")}, open(job, "w"))
+        indices = {cfg["name"]: case_indices(cfg) for cfg in CONFIGS}
+        json.dump({"ggufs": ggufs, "cases": strings, "indices": indices, "out": os.path.join(tmp, "out.json")},
+                  open(job, "w"))
         subprocess.run([a.llama_python, os.path.abspath(__file__), "--worker", job], check=True)
         got = json.load(open(os.path.join(tmp, "out.json")))
     doc = {"generator": "golden/oracle/tokenizer/make_oracle.py", "llama_cpp_python": got["llama_cpp_python"],
            "corpus_python": corpus.python_version, "configs": CONFIGS, "cases": strings,
-           "results": got["results"]}
+           "results": pack(got["results"], strings)}
     with gzip.GzipFile(ORACLE, "wb", mtime=0) as f:
         f.write(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     print(f"wrote {ORACLE}: {len(CONFIGS)} configurations x {len(strings)} strings")
