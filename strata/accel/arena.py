@@ -26,12 +26,13 @@ class Arena:
         self.total_bytes = sum(b * cfg.n_expert for b in self.blob_bytes)
         self.layers: list[np.ndarray] = []
         t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
+        show = log is not None and self.total_bytes > (256 << 20)      # a progress bar only where it is long
 
         def tick(n):
             with lock:
                 done[0] += n
                 now = time.monotonic()
-                if log and (now - last[0] > 0.5 or done[0] == self.total_bytes):
+                if show and (now - last[0] > 0.5 or done[0] == self.total_bytes):
                     last[0] = now
                     print(f"\rarena: pinning {done[0] / 2**30:6.2f} of {self.total_bytes / 2**30:.2f} GiB "
                           f"({100 * done[0] / max(1, self.total_bytes):3.0f}%, "
@@ -53,8 +54,9 @@ class Arena:
                          for e0 in range(0, cfg.n_expert, step)]
             for f in futs:
                 f.result()
-        if log:
+        if show:
             print(file=sys.stderr)
+        if log:
             log(f"arena: {cfg.n_layer * cfg.n_expert:,} experts, {self.total_bytes / 2**30:.2f} GiB pinned in "
                 f"{time.monotonic() - t0:.1f} s")
 

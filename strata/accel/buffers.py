@@ -35,46 +35,32 @@ class Carver:
 
 @dataclass
 class StepBuffers:
+    """What the MoE block and the embedding need for a step of up to `cap` tokens. The dense ops' outputs are
+    step temporaries from the device's memory pool (priced by `temp_bytes`)."""
+
     cap: int          # tokens
     rows: int         # cap · K
     group: int        # experts per group (weight scratch)
-    x: object = None
-    h: object = None
-    q: object = None
-    k: object = None
-    v: object = None
-    attn: object = None
-    tmp: object = None
-    logits_r: object = None
-    ids: object = None
-    w: object = None
-    xg: object = None
-    gu: object = None
-    hh: object = None
-    dm: object = None
-    w_gu: object = None
-    w_d: object = None
-    moe: object = None
-    sh_gu: object = None
-    sh_h: object = None
-    sh_g: object = None
-    logits: object = None
-    attn_scratch: object = None
+    x: object = None            # f32 [T, D]     the embedded chunk
+    ids: object = None          # i32 [T, K]     routed experts
+    w: object = None            # f32 [T, K]     routing weights
+    xg: object = None           # f16 [R, D]     expert inputs in row order
+    gu: object = None           # f32 [R, 2F]    gate | up products
+    hh: object = None           # f16 [R, F]     silu(gate) · up
+    dm: object = None           # f32 [R, D]     unweighted expert outputs (Dm)
+    w_gu: object = None         # f16 [G, 2F, D] dequantised gate | up weights of a group
+    w_d: object = None          # f16 [G, D, F]  dequantised down weights of a group
+    attn_scratch: object = None  # u8            blocked attention's score buffers
 
 
-def carve(cfg, cap: int, group: int, n_logits: int, attn_scratch_bytes: int, dev=None, region=None):
-    """Lay out a StepBuffers for `cap` tokens; returns (buffers, bytes used)."""
-    c = Carver(dev, region)
-    D, F, K, E = cfg.n_embd, cfg.n_ff_exp, cfg.n_expert_used, cfg.n_expert
+def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver) -> StepBuffers:
+    """Lay out a StepBuffers for `cap` tokens with `carver` (a dry-run carver only counts)."""
+    c = carver
+    D, F, K = cfg.n_embd, cfg.n_ff_exp, cfg.n_expert_used
     R = cap * K
     f32, f16, i32 = np.float32, np.float16, np.int32
     b = StepBuffers(cap, R, group)
-    b.x, b.h, b.tmp, b.moe = (c.take((cap, D), f32) for _ in range(4))
-    b.q = c.take((cap, cfg.n_head, cfg.head_dim), f32)
-    b.k = c.take((cap, cfg.n_head_kv, cfg.head_dim), f32)
-    b.v = c.take((cap, cfg.n_head_kv, cfg.head_dim), f32)
-    b.attn = c.take((cap, cfg.n_q), f32)
-    b.logits_r = c.take((cap, E), f32)
+    b.x = c.take((cap, D), f32)
     b.ids = c.take((cap, K), i32)
     b.w = c.take((cap, K), f32)
     b.xg = c.take((R, D), f16)
@@ -83,14 +69,18 @@ def carve(cfg, cap: int, group: int, n_logits: int, attn_scratch_bytes: int, dev
     b.dm = c.take((R, D), f32)
     b.w_gu = c.take((group, 2 * F, D), f16)
     b.w_d = c.take((group, D, F), f16)
-    if cfg.n_ff_shexp:
-        b.sh_gu = c.take((cap, 2 * cfg.n_ff_shexp), f32)
-        b.sh_h = c.take((cap, cfg.n_ff_shexp), f32)
-        b.sh_g = c.take((cap, 1), f32)
-    b.logits = c.take((n_logits, cfg.n_vocab), f32)
     b.attn_scratch = c.take((attn_scratch_bytes,), np.uint8)
-    return b, c.used
+    return b
 
 
-def layout_bytes(cfg, cap: int, group: int, n_logits: int, attn_scratch_bytes: int) -> int:
-    return carve(cfg, cap, group, n_logits, attn_scratch_bytes)[1]
+def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int) -> int:
+    c = Carver(None)
+    carve(cfg, cap, group, attn_scratch_bytes, c)
+    return c.used
+
+
+def temp_bytes(cfg, cap: int) -> int:
+    """Peak step temporaries of the dense ops (x, h, q, k, v, attention out, projections, sums: ~8 live
+    [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output logits."""
+    width = max(cfg.n_embd, cfg.n_q, 2 * cfg.n_ff_shexp)
+    return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4

@@ -47,6 +47,7 @@ class DenseWeights:
         self.w: dict[str, object] = {}
         t0 = time.monotonic()
         names = dense_names(model)
+        show = log is not None and dense_bytes(model) > (256 << 20)
         for i, name in enumerate(names):
             t = model.tensors.info(name)
             view = model.view(name)
@@ -55,11 +56,12 @@ class DenseWeights:
             k = shape[-1]
             full = weight_rows(view.reshape(rows, -1), t.qtype, 0, rows, k).reshape(shape)
             self.w[name] = dev.asarray(full.astype(np.float32 if _is_f32(name) else np.float16))
-            if log and (i % 16 == 0 or i == len(names) - 1):
+            if show and (i % 16 == 0 or i == len(names) - 1):
                 print(f"\rweights: {i + 1} of {len(names)} dense tensors on {dev.name}", end="", file=sys.stderr,
                       flush=True)
-        if log:
+        if show:
             print(file=sys.stderr)
+        if log:
             log(f"weights: {dense_bytes(model) / 2**20:,.0f} MiB dense on {dev.name} in {time.monotonic() - t0:.1f} s")
 
     def __getitem__(self, name: str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata import policy
-from strata.accel.buffers import layout_bytes
+from strata.accel.buffers import layout_bytes, temp_bytes
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
 from strata.policy.plan import GRID, PLANNERS, LoanRequest, PlanError, PlannerKind
@@ -16,7 +16,6 @@ from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots
 
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
-TEMP_MARGIN = 64 * MIB         # step temporaries the memory pool hands out outside the carved buffers
 ATTN_SCRATCH = 64 * MIB        # score scratch of the blocked attention (queries are blocked to fit it)
 GROUP = 16                     # experts per launch group
 
@@ -30,7 +29,7 @@ class MemoryPlan:
     budget: int              # bytes the engine may use
     dense: int
     kv: int
-    decode: int              # decode-only resources (their buffers and ring)
+    decode: int              # decode-only resources (their buffers and ring) + step temporaries
     slot_bytes: int
     cache_slots: int         # expert cache capacity (slots)
     chunk: int               # prompt chunk tokens
@@ -59,33 +58,36 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     slot = slot_bytes_for(model.max_blob_bytes())
     n_pairs = cfg.n_layer * cfg.n_expert
     dense, kv = dense_bytes(model), kv_bytes(cfg, n_ctx)
-    decode = layout_bytes(cfg, MAXT, GROUP, MAXT, ATTN_SCRATCH) + ROUTED_ONLY_RING * slot + TEMP_MARGIN
-    fixed = dense + kv + decode
+    ceiling = chunk or max(GRID, min(8192, n_ctx) // GRID * GRID)     # a fixed chunk may be off the grid
+    decode = layout_bytes(cfg, MAXT, GROUP, ATTN_SCRATCH) + ROUTED_ONLY_RING * slot
+    temps = temp_bytes(cfg, ceiling)     # the dense ops' step temporaries come from the memory pool
+    fixed = dense + kv + decode + temps
     avail = budget - fixed
     if avail < 0:
         raise VramShortfall(f"the model needs {fixed / MIB:,.0f} MiB of VRAM before any expert (dense "
-                            f"{dense / MIB:,.0f} + KV {kv / MIB:,.0f} for {n_ctx} tokens + decode {decode / MIB:,.0f}),"
+                            f"{dense / MIB:,.0f} + KV {kv / MIB:,.0f} for {n_ctx} tokens + decode {decode / MIB:,.0f}"
+                            f" + step temporaries {temps / MIB:,.0f}),"
                             f" but the budget is {budget / MIB:,.0f} MiB after a {reserve_mib} MiB reserve: "
                             f"{-avail / MIB:,.0f} MiB short (lower --ctx, or raise --vram-budget)")
     ring = ring_budget_slots(slot)
-    ceiling = max(GRID, min(chunk or 8192, n_ctx) // GRID * GRID)
 
     def prompt_bytes(t: int) -> int:
-        return layout_bytes(cfg, t, GROUP, 1, ATTN_SCRATCH)
+        return layout_bytes(cfg, t, GROUP, ATTN_SCRATCH)
 
-    # everything resident and the prompt path's own buffers beside the cache: no loan needed
+    # the cache asked for (all experts by default) and the prompt path's own buffers beside it: no loan needed
     want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs
     own = prompt_bytes(ceiling) + ring * slot
-    if want == n_pairs and avail >= n_pairs * slot + own:
-        return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode, slot, n_pairs, ceiling, 0, ring, own, True)
+    if avail >= want * slot + own:
+        return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, want, ceiling, 0, ring, own,
+                          True)
     slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
     req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=prompt_bytes, ring=ring, lend_pct=lend_pct,
-                      ceiling=ceiling)
+                      ceiling=max(GRID, ceiling))
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
     try:
         cp = PLANNERS.get(kind)().plan(req)
     except PlanError as e:
         raise VramShortfall(f"{e}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
                             f"{budget / MIB:,.0f} MiB") from None
-    return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode, slot, slots, cp.chunk, cp.loan_slots, cp.ring,
-                      cp.loan_slots * slot, False)
+    return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
+                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False)

@@ -95,5 +95,5 @@ class ExpertRunner:
         r1 = lay.off[members[-1]] + int(lay.cnt[members[-1]])
         td_dev = k.upload(tiles, s)
         k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, len(tiles), s)       # GU[rows] = Xg[rows] · Wgu[g]ᵀ
-        k.swiglu(b.h[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
-        k.gemm_grouped(b.dm, b.h, b.w_d, td_dev, len(tiles), s)          # Dm[rows] = H[rows] · Wdᵀ
+        k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
+        k.gemm_grouped(b.dm, b.hh, b.w_d, td_dev, len(tiles), s)          # Dm[rows] = H[rows] · Wdᵀ

@@ -44,13 +44,16 @@ class Ring:
 
 class Walk:
     """One chunk's queue of (layer, expert) entries through a ring, issued by the engine thread (routed-only)
-    or by an issuer thread (stream-all). `consume(k)` marks entry k done (its slot's `used` is recorded)."""
+    or by an issuer thread (stream-all). `consume(k)` marks entry k done and records its slot's `used`; entries
+    may be consumed out of order (an unrouted entry inside a group's span), and `consumed` is the watermark:
+    every entry below it is done, which is what issuing entry k + R needs."""
 
     def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool):
         self.ring, self.arena, self.entries = ring, arena, entries
         self.index = {le: k for k, le in enumerate(entries)}
         self.issued = 0           # entries [0, issued) have their copy enqueued and `copied` recorded
-        self.consumed = 0         # entries [0, consumed) have been consumed, in order
+        self.consumed = 0         # watermark: entries [0, consumed) are all done
+        self._done = np.zeros(len(entries) + 1, bool)
         self._cv = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
@@ -107,10 +110,12 @@ class Walk:
 
     def consume(self, k: int) -> None:
         """Entry k's readers are enqueued (or it was not routed): free its slot for entry k + R."""
-        assert k == self.consumed, f"entries are consumed in order: {k} after {self.consumed}"
+        assert not self._done[k], f"entry {k} consumed twice"
         self.ring.release(self.slot(k))
         with self._cv:
-            self.consumed = k + 1
+            self._done[k] = True
+            while self._done[self.consumed]:
+                self.consumed += 1
             self._cv.notify_all()
 
     def close(self) -> None:

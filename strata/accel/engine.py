@@ -1,0 +1,250 @@
+"""The GPU engine: a MoE model whose experts do not fit in VRAM (SPEC §3, §7, §8, §9).
+
+Owners: `ExpertCache` (residency), `Arena` (pinned blobs), `Ring`/`Walk` (streaming), `ExpertRunner` (expert
+groups), `DeviceOps` (dense ops for the model files). This file is the loop: per chunk, pick the walk; per layer,
+the model file's block runs on DeviceOps and calls back into `moe()` for the routed experts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata import policy
+from strata.accel.arena import Arena
+from strata.accel.buffers import Carver, carve
+from strata.accel.cache import ExpertCache, uniform_order
+from strata.accel.dense import DenseWeights, DeviceOps
+from strata.accel.gpu.kernels import BlobRef
+from strata.accel.memplan import ATTN_SCRATCH, GROUP, MAXT, MemoryPlan, plan_memory
+from strata.accel.moe import GROUP_RESIDENT, ExpertRunner, row_layout
+from strata.accel.stream import Ring, Walk
+from strata.models import Model
+from strata.models.common import head
+from strata.policy.stream import ROUTED_ONLY_RING, Walk as WalkKind, stream_all_queue, walk_for
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    ttft_s: float = 0.0
+    streamed_bytes: int = 0
+    streamed_experts: int = 0
+    lookups: int = 0           # routed (layer, expert) pairs during decode
+    hits: int = 0              # of which resident
+    chunks: list = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class GpuEngine:
+    def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
+                 expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
+                 profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
+                 log=None):
+        self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
+        self.config = config or policy.Config()
+        self.share = self.config.share(qualifies=False)      # the CPU share comes with the pool (issue 8)
+        self.log = log or (lambda s: None)
+        self.n_ctx = n_ctx
+        self.plan: MemoryPlan = plan_memory(model, dev.free_bytes(), n_ctx=n_ctx, vram_budget=vram_budget,
+                                            reserve_mib=reserve_mib, expert_cache=expert_cache, chunk=chunk,
+                                            lend_pct=self.config.lend_pct)
+        for line in self.plan.lines():
+            self.log(line)
+        self.arena = Arena(model, dev, log=log)
+        self.weights = DenseWeights(model, dev, log=log)
+        c = self.cfg
+        self.kv = [(dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16),
+                    dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16)) for _ in range(c.n_layer)]
+        p = self.plan
+        self.cache = ExpertCache(dev, p.cache_slots, p.slot_bytes, c.n_layer, c.n_expert)
+        n = self.cache.fill(profile_order or uniform_order(c.n_layer, c.n_expert), self.arena)
+        self.log(f"cache: {n} of {c.n_layer * c.n_expert} experts resident "
+                 f"({'profile' if profile_order else 'uniform'} order), {p.cache_slots} slots")
+        # decode-only resources: their own step buffers and an 8-slot ring
+        self.dbufs = carve(c, MAXT, GROUP, ATTN_SCRATCH, Carver(dev))
+        self.dring = Ring(dev, dev.empty((ROUTED_ONLY_RING, p.slot_bytes), np.uint8))
+        self.prompt_region = None
+        if p.owned_prompt:
+            self.prompt_region = dev.empty((p.prompt_bytes,), np.uint8)
+        self.ops = DeviceOps(model, dev, self.weights, self.kv, n_ctx, cap=max(p.chunk, MAXT))
+        self.ops.moe = self.moe
+        self.types = [model.expert(l, 0).types for l in range(c.n_layer)]
+        self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
+        self.sync_ev = dev.event()
+        self.pos = 0
+        self.stats = Stats()
+        self._walk: Walk | None = None
+        self._ring: Ring | None = None
+        self._runner: ExpertRunner | None = None
+        self._layer_entries: dict[int, range] = {}
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def reset(self):
+        self.pos = 0
+
+    def prefill(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Process a prompt in planned chunks; logits of the last token [V] (or of every token [T, V])."""
+        tokens = list(tokens)
+        if self.pos + len(tokens) > self.n_ctx:
+            from strata.reference.engine import ContextOverflow
+
+            raise ContextOverflow(f"{self.pos + len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        t0 = time.perf_counter()
+        region = self._lend()
+        try:
+            out = []
+            for i in range(0, len(tokens), self.plan.chunk):
+                part = tokens[i:i + self.plan.chunk]
+                out.append(self._prompt_chunk(part, region, all_logits))
+        finally:
+            self._give_back()
+        self.stats.prompt_tokens += len(tokens)
+        self.stats.prompt_s += time.perf_counter() - t0
+        return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def decode(self, tokens) -> np.ndarray:
+        """One decode round of up to MAXT tokens: logits of each [T, V]."""
+        tokens = list(tokens)
+        assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
+        t0 = time.perf_counter()
+        self._runner = ExpertRunner(self.dev, self.cfg, self.types, self.dbufs)
+        self._ring, self._walk = self.dring, None
+        logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
+        self.stats.decode_tokens += len(tokens)
+        self.stats.decode_s += time.perf_counter() - t0
+        return logits
+
+    def _lend(self):
+        if self.plan.owned_prompt:
+            return self.prompt_region
+        self.dev.synchronize()                       # nothing may still read the slots about to be lent
+        return self.cache.lend(self.plan.loan_slots)
+
+    def _give_back(self):
+        if self.plan.owned_prompt:
+            return
+        ev = self.dev.event()
+        ev.record(self.dev.compute)
+        self.cache.restore(self.arena, ev)
+
+    def _prompt_chunk(self, tokens, region, all_logits):
+        c, p = self.cfg, self.plan
+        carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
+        bufs = carve(c, p.chunk, GROUP, ATTN_SCRATCH, carver)
+        ring = Ring(self.dev, carver.take((p.ring, p.slot_bytes), np.uint8))
+        walk = walk_for(self.config, self.share, len(tokens), p.ring)
+        self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.types, bufs), ring, None
+        if walk is WalkKind.STREAM_ALL:
+            queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
+            self._walk = Walk(ring, self.arena, queue, threaded=True)
+            self._layer_entries = {}
+            for kq, (l, _) in enumerate(queue):
+                r = self._layer_entries.get(l)
+                self._layer_entries[l] = range(kq if r is None else r.start, kq + 1)
+        try:
+            logits = self._step(tokens, bufs, all_logits, decode=False)
+        finally:
+            if self._walk is not None:
+                self._walk.close()
+                self._walk = None
+        self.stats.streamed_bytes += ring.bytes_in
+        self.stats.streamed_experts += ring.copies
+        self.stats.chunks.append((len(tokens), walk.value, ring.copies))
+        return logits
+
+    def _step(self, tokens, bufs, all_logits: bool, decode: bool) -> np.ndarray:
+        T = len(tokens)
+        self._decode = decode
+        with self.dev.on(self.dev.compute):
+            self.ops.begin(bufs, self.pos, T)
+            x = self.ops.embed("token_embd.weight", tokens)                       # [T, D]
+            pos = np.arange(self.pos, self.pos + T)
+            for layer in range(self.cfg.n_layer):
+                x = self.model.forward_block(self.ops, x, layer, pos)             # [T, D]
+            rows = x if all_logits else x[T - 1:T]
+            logits = head(self.ops, self.cfg, rows)                               # [T or 1, V]
+        self.pos += T
+        return self.dev.tohost(logits)
+
+    # --- the MoE block ------------------------------------------------------------------------------------------
+    def moe(self, h, layer: int, ids_dev, w_dev):
+        """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D]."""
+        c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
+        T, K = h.shape[0], c.n_expert_used
+        bufs = self._runner.bufs
+        dev.d2h(self.ids_host[:T * K], ids_dev, s)
+        self.sync_ev.record(s)
+        self.sync_ev.synchronize()                                              # the routing sync
+        ids = self.ids_host[:T * K].reshape(T, K).copy()
+        resident = self.cache.resident(layer)
+        lay = row_layout(ids, c.n_expert, resident, cpu=[])
+        if self._decode:
+            self.stats.lookups += int((lay.cnt > 0).sum())
+            self.stats.hits += len(lay.resident)
+        R = T * K
+        slot_dev = k.upload(lay.slot, s)
+        k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
+        for i in range(0, len(lay.resident), GROUP_RESIDENT):
+            members = lay.resident[i:i + GROUP_RESIDENT]
+            refs = [BlobRef(self.cache.buf, int(self.cache.slot_of[layer, e])) for e in members]
+            self._runner.group(layer, members, refs, lay)
+        if lay.streamed:
+            if self._walk is None:
+                self._stream_routed_only(layer, lay)
+            else:
+                self._stream_all(layer, lay)
+        out = dev.empty((T, c.n_embd), np.float32)
+        k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
+        return out
+
+    def _groups(self, entries: list[int], limit: int) -> list[list[int]]:
+        """Split walk entries (queue indices, ascending) into groups of at most `limit` whose span stays below
+        half the ring, so a group's last entry can always be issued while its first is still unconsumed."""
+        out, cur = [], []
+        for kq in entries:
+            if cur and (len(cur) == limit or kq - cur[0] >= self._ring.n // 2):
+                out.append(cur)
+                cur = []
+            cur.append(kq)
+        return out + ([cur] if cur else [])
+
+    def _stream_group(self, layer, lay, walk: Walk, grp: list[int]) -> None:
+        walk.ensure_issued(grp[-1])
+        refs = [self._ring.acquire(walk.slot(kq)) for kq in grp]
+        members = [walk.entries[kq][1] for kq in grp]
+
+        def released():
+            for kq in grp:
+                walk.consume(kq)
+
+        self._runner.group(layer, members, refs, lay, on_released=released)
+
+    def _stream_routed_only(self, layer, lay):
+        """Routed-only walk: this layer's streamed experts in id order through the 8-slot ring, 8 copies ahead."""
+        walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
+        walk.prefetch()
+        for grp in self._groups(list(range(len(lay.streamed))), max(1, ROUTED_ONLY_RING // 2)):
+            self._stream_group(layer, lay, walk, grp)
+            walk.prefetch()
+
+    def _stream_all(self, layer, lay):
+        """Stream-all walk: this layer's queue entries in order; an unrouted entry just releases its slot."""
+        walk = self._walk
+        routed = set(lay.streamed)
+        rng = self._layer_entries.get(layer, range(0))
+        groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed], min(GROUP, self._ring.n // 2))
+        last = {g[-1]: g for g in groups}
+        for kq in rng:
+            if walk.entries[kq][1] not in routed:
+                walk.consume(kq)
+            elif kq in last:
+                self._stream_group(layer, lay, walk, last[kq])
