@@ -20,6 +20,7 @@ import pytest
 from strata import quants
 from strata.accel.gpu import dequant as D
 from strata.quants import _common as C
+from strata.quants.testing import diff_report
 
 WEIGHT_TYPES = [c for c in quants.registered() if c.weight]
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the host harness")
@@ -46,31 +47,23 @@ def _oracle(cls, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r32, r16
 
 
-def _report(cls, case: str, blocks, bad: np.ndarray, got: np.ndarray, want: np.ndarray, stage: str) -> str:
-    """Name the worst block (most differing weights), its bytes and its first differing values."""
-    per_block = bad.sum(axis=1)
-    w = int(per_block.argmax())
-    js = np.flatnonzero(bad[w])[:6]
-    width = 8 if stage == "f32" else 4
-    vals = ", ".join(f"w{j}: got 0x{int(got[w, j]):0{width}x} want 0x{int(want[w, j]):0{width}x} "
-                     f"({bin(int(got[w, j]) ^ int(want[w, j])).count('1')} bits)" for j in js)
-    return (f"{cls.name} [{case}] {stage}: {int(bad.sum())} of {bad.size} weights differ in "
-            f"{int((per_block > 0).sum())} of {len(per_block)} blocks; worst block {w} "
-            f"({int(per_block[w])} weights), bytes {blocks[w].tobytes().hex()}: {vals}")
-
-
 def _check(cls, case: str, blocks: np.ndarray, got16: np.ndarray, got32: np.ndarray | None = None) -> None:
-    """got16 fp16 [B·Q] (and got32 float32 [B·Q], the pre-rounding stage) equal the oracle's bits."""
+    """got16 fp16 [B·Q] (and got32 float32 [B·Q], the pre-rounding stage) equal the oracle's bits; the report
+    (strata.quants.testing) names the worst block, and the bytes of the first bad block follow."""
     r32, r16 = _oracle(cls, blocks)
-    if got32 is not None:
-        g32 = got32.reshape(r32.shape)
-        bad = (g32.view(np.uint32) != r32.view(np.uint32)) & ~(np.isnan(g32) & np.isnan(r32))
-        if bad.any():
-            pytest.fail(_report(cls, case, blocks, bad, g32.view(np.uint32), r32.view(np.uint32), "f32"))
     g16 = np.asarray(got16).reshape(r16.shape).view(np.uint16)
-    bad = g16 != r16
-    if bad.any():
-        pytest.fail(_report(cls, case, blocks, bad, g16, r16, "f16"))
+    stages = [("f16", g16.view(np.float16), r16.view(np.float16))]
+    if got32 is not None:
+        g32 = got32.reshape(r32.shape).copy()
+        both_nan = np.isnan(g32) & np.isnan(r32)  # NaN bits differ between machines: "NaN" is the exact part
+        g32[both_nan] = r32[both_nan]
+        stages.insert(0, ("f32", g32, r32))
+    for stage, ours, ref in stages:
+        report = diff_report(ours, ref, cls.block_size, f"{cls.name} [{case}] {stage}")
+        if report is not None:
+            uint = f"u{ours.itemsize}"
+            bad = int(np.flatnonzero((ours.view(uint) != ref.view(uint)).any(axis=1))[0])
+            pytest.fail(f"{report}\n  first bad block {bad} bytes {blocks[bad].tobytes().hex()}")
 
 
 # --- test inputs --------------------------------------------------------------------------------------------
