@@ -81,6 +81,8 @@ class GpuEngine:
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
         self.sync_ev = dev.event()
         self.pos = 0
+        self.n_chunks = 0                 # steps run (a routing trace's chunk index)
+        self.on_routing = None            # (layer, ids [T, K]) after each routing sync: --dump-routing
         self.stats = Stats()
         self._walk: Walk | None = None
         self._ring: Ring | None = None
@@ -173,6 +175,7 @@ class GpuEngine:
             rows = x if all_logits else x[T - 1:T]
             logits = head(self.ops, self.cfg, rows)                               # [T or 1, V]
         self.pos += T
+        self.n_chunks += 1
         return self.dev.tohost(logits)
 
     # --- the MoE block ------------------------------------------------------------------------------------------
@@ -185,6 +188,8 @@ class GpuEngine:
         self.sync_ev.record(s)
         self.sync_ev.synchronize()                                              # the routing sync
         ids = self.ids_host[:T * K].reshape(T, K).copy()
+        if self.on_routing:
+            self.on_routing(layer, ids)
         resident = self.cache.resident(layer)
         lay = row_layout(ids, c.n_expert, resident, cpu=[])
         if self._decode:

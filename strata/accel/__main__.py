@@ -1,0 +1,107 @@
+"""python -m strata.accel generate [--model X.gguf] [--prompt "…"] [-n 64] [--device auto|cuda|cpu] [--stats] …
+
+Without --model it runs the bundled default model (strata-tiny). `--device auto` uses CUDA when CuPy sees a GPU
+and falls back to the CPU backend with a one-line note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+from strata.gguf_file import GGUFError
+
+
+def parse_bytes(text: str) -> int:
+    """`24G`, `8192M`, `12.5GiB`, or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text or "")
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 24G or 8192M)")
+    mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def cache_arg(text: str):
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--expert-cache takes a slot count or 'auto', not {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("--expert-cache must be >= 0")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m strata.accel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="generate text")
+    g.add_argument("--model", help="a GGUF MoE model (default: the bundled strata-tiny)")
+    g.add_argument("--prompt", default="def fibonacci(n):")
+    g.add_argument("-n", type=int, default=64, help="tokens to generate")
+    g.add_argument("--device", choices=("auto", "cuda", "cpu", "host"), default="auto",
+                   help="host = the GPU engine on the CPU twin (for debugging)")
+    g.add_argument("--vram-budget", type=parse_bytes, help="cap the VRAM the engine uses (emulates a smaller card)")
+    g.add_argument("--vram-reserve-mib", type=int, default=700)
+    g.add_argument("--expert-cache", type=cache_arg, default=None, help="expert cache slots, or auto (default)")
+    g.add_argument("--expert-profile", action="append", metavar="TRACE",
+                   help="routing trace(s) from --dump-routing: fill the cache hottest first")
+    g.add_argument("--dump-routing", metavar="FILE", help="write this run's routing trace (JSONL)")
+    g.add_argument("--ctx", type=int, help="context length (default: prompt + n, at least 512)")
+    g.add_argument("--chunk", type=int, help="prompt chunk tokens (default: planned)")
+    g.add_argument("--pool-workers", type=int, help="CPU expert-pool workers (default: the machine's cores - 1)")
+    g.add_argument("--stats", action="store_true", help="timing lines, expert-cache hit rate, streamed bytes")
+    g.add_argument("--greedy", action="store_true")
+    g.add_argument("--temp", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def note(msg: str) -> None:
+    print(f"strata: {msg}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        from strata import policy
+
+        policy.from_process()                  # a bad STRATA_* value fails here, before any work
+        if a.device == "cpu":
+            return run_cpu(a)
+        from strata.accel.device.base import get_device
+
+        if a.device == "host":
+            from strata.accel.device.host import HostDevice
+
+            dev = HostDevice()
+        else:
+            dev = get_device(a.device, log=note)
+        if dev is None:
+            return run_cpu(a)
+        from strata.accel.generate import run_gpu
+
+        return run_gpu(a, dev)
+    except (GGUFError, ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"strata: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run_cpu(a) -> int:
+    try:
+        from strata.accel.cpu.generate import run_cpu as run
+    except ImportError:
+        from strata.accel.generate import run_reference_fallback as run
+    return run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

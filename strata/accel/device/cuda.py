@@ -1,0 +1,135 @@
+"""The CUDA device through CuPy: a compute and a copy stream (non-blocking), events, pinned host memory, and a
+memory-pool limit that emulates a smaller card (`--vram-budget`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.accel.device.base import Device, DeviceError, Event, Stream
+
+
+class CudaEvent(Event):
+    def __init__(self, cp):
+        self.cp = cp
+        self.ev = cp.cuda.Event()
+
+    def record(self, stream: "CudaStream") -> None:
+        self.ev.record(stream.s)
+
+    def synchronize(self) -> None:
+        self.ev.synchronize()
+
+    def query(self) -> bool:
+        return bool(self.ev.done)
+
+    def elapsed_ms(self, end: "CudaEvent") -> float:
+        return float(self.cp.cuda.get_elapsed_time(self.ev, end.ev))
+
+
+class CudaStream(Stream):
+    def __init__(self, cp, name: str):
+        self.name = name
+        self.s = cp.cuda.Stream(non_blocking=True)
+
+    def wait(self, event: CudaEvent) -> None:
+        self.s.wait_event(event.ev)
+
+    def synchronize(self) -> None:
+        self.s.synchronize()
+
+
+class CudaDevice(Device):
+    kind = "cuda"
+
+    def __init__(self, device_id: int = 0, budget_bytes: int | None = None):
+        import cupy as cp
+
+        try:
+            n = cp.cuda.runtime.getDeviceCount()
+        except Exception as e:  # noqa: BLE001 - no driver / no device
+            raise DeviceError(f"CUDA is not available: {e}") from None
+        if n <= device_id:
+            raise DeviceError(f"no CUDA device {device_id} ({n} present)")
+        self.cp = cp
+        self.xp = cp
+        self.id = device_id
+        self._dev = cp.cuda.Device(device_id)
+        self._dev.use()
+        props = cp.cuda.runtime.getDeviceProperties(device_id)
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.compute = CudaStream(cp, "compute")
+        self.copy = CudaStream(cp, "copy")
+        self._extra = []
+        self.pool = cp.get_default_memory_pool()
+        free, total = cp.cuda.runtime.memGetInfo()
+        self._total = total
+        self.budget = budget_bytes
+        if budget_bytes:
+            self.pool.set_limit(size=int(budget_bytes))   # allocations past the budget fail like a full card
+        from strata.accel.gpu.cuda_kernels import CudaKernels
+
+        self.k = CudaKernels(self)
+
+    def bind_thread(self) -> None:
+        self._dev.use()
+
+    def on(self, stream: CudaStream):
+        return stream.s
+
+    def empty(self, shape, dtype):
+        return self.cp.empty(shape, dtype)
+
+    def zeros(self, shape, dtype):
+        return self.cp.zeros(shape, dtype)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        mem = self.cp.cuda.alloc_pinned_memory(max(int(nbytes), 1))
+        return np.frombuffer(mem, np.uint8, int(nbytes))          # the array keeps `mem` alive
+
+    def h2d(self, dst, src: np.ndarray, stream: CudaStream) -> None:
+        assert dst.nbytes == src.nbytes, f"h2d of {src.nbytes} bytes into {dst.nbytes}"
+        assert dst.flags.c_contiguous and src.flags.c_contiguous, "async copies need contiguous buffers"
+        dst.data.copy_from_host_async(src.ctypes.data, src.nbytes, stream.s)
+
+    def d2h(self, dst: np.ndarray, src, stream: CudaStream) -> None:
+        assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"
+        assert dst.flags.c_contiguous and src.flags.c_contiguous, "async copies need contiguous buffers"
+        src.data.copy_to_host_async(dst.ctypes.data, src.nbytes, stream.s)
+
+    def asarray(self, host: np.ndarray):
+        with self.compute.s:
+            out = self.cp.asarray(host)
+        self.compute.synchronize()
+        return out
+
+    def tohost(self, arr) -> np.ndarray:
+        self.synchronize()
+        return self.cp.asnumpy(arr)
+
+    def free_bytes(self) -> int:
+        free, _ = self.cp.cuda.runtime.memGetInfo()
+        free += self.pool.free_bytes()
+        if self.budget:
+            free = min(free, self.budget - self.pool.used_bytes())
+        return int(free)
+
+    def total_bytes(self) -> int:
+        return int(self.budget or self._total)
+
+    def event(self) -> CudaEvent:
+        return CudaEvent(self.cp)
+
+    def stream(self, name: str) -> CudaStream:
+        s = CudaStream(self.cp, name)
+        self._extra.append(s)
+        return s
+
+    def host_fn(self, stream: CudaStream, fn, *args) -> None:
+        stream.s.launch_host_func(lambda _: fn(*args), None)
+
+    def synchronize(self) -> None:
+        for s in (self.compute, self.copy, *self._extra):
+            s.synchronize()
+
+    def close(self) -> None:
+        self.synchronize()

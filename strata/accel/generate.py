@@ -1,0 +1,103 @@
+"""The generate loop on the GPU engine, with llama.cpp-style timing lines (`prefill N tokens in X ms -> Y tok/s`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from strata import models
+from strata.sampling import Sampler, SamplingParams
+
+
+def sampling_from(a) -> SamplingParams:
+    return SamplingParams(temperature=0.0 if a.greedy else a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                          repeat_penalty=a.repeat_penalty, seed=a.seed)
+
+
+def model_path(a) -> str:
+    if a.model:
+        return a.model
+    from strata.data import default_model_path
+
+    return default_model_path()
+
+
+def timing_lines(prompt_n, prompt_s, gen_n, gen_s, ttft_s) -> list[str]:
+    out = [f"prefill {prompt_n} tokens in {prompt_s * 1e3:.1f} ms -> {prompt_n / max(prompt_s, 1e-9):.1f} tok/s"]
+    if gen_n:
+        out.append(f"decode {gen_n} tokens in {gen_s * 1e3:.1f} ms -> {gen_n / max(gen_s, 1e-9):.1f} tok/s")
+    out.append(f"time to first token {ttft_s * 1e3:.1f} ms")
+    return out
+
+
+def run_gpu(a, dev) -> int:
+    from strata import policy, routing_trace
+    from strata.accel.engine import GpuEngine
+    from strata.tokenizer import Tokenizer
+
+    m = models.load(model_path(a))
+    tok = Tokenizer.from_metadata(m.metadata)
+    ids = tok.encode(a.prompt)
+    n_ctx = a.ctx or max(512, len(ids) + a.n + 8)
+    if len(ids) + a.n > n_ctx:
+        raise ValueError(f"the prompt ({len(ids)} tokens) plus -n {a.n} exceeds the context of {n_ctx} (--ctx)")
+    order = None
+    if a.expert_profile:
+        head, counts = routing_trace.profile(a.expert_profile)
+        if (head["n_layer"], head["n_expert"]) != (m.cfg.n_layer, m.cfg.n_expert):
+            raise ValueError(f"--expert-profile is a trace of another model shape ({head['n_layer']} layers x "
+                             f"{head['n_expert']} experts)")
+        order = routing_trace.hottest_first(counts, m.cfg.n_layer, m.cfg.n_expert)
+    t_load = time.perf_counter()
+    eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
+                    reserve_mib=a.vram_reserve_mib, chunk=a.chunk, profile_order=order,
+                    config=policy.from_process(), log=note if a.stats else None)
+    if a.stats:
+        note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")
+    writer = None
+    if a.dump_routing:
+        writer = routing_trace.RoutingWriter(a.dump_routing, m)
+        eng.on_routing = writer.layer
+        writer.bind(eng)
+    sampler = Sampler(sampling_from(a))
+    out = sys.stdout
+    out.write(a.prompt)
+    out.flush()
+    t0 = time.perf_counter()
+    logits = eng.prefill(ids)
+    t_prompt = time.perf_counter() - t0
+    hist, gen = list(ids), []
+    stream = tok.stream()
+    t1 = time.perf_counter()
+    ttft = None
+    for i in range(a.n):
+        t = sampler(logits, hist)
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        gen.append(t)
+        hist.append(t)
+        if tok.is_eog(t):
+            break
+        out.write(stream.feed(t))
+        out.flush()
+        if i + 1 < a.n:
+            logits = eng.decode([t])[-1]
+    out.write(stream.flush() + "\n")
+    t_gen = time.perf_counter() - t1
+    if writer:
+        writer.close()
+    if a.stats:
+        s = eng.stats
+        for line in timing_lines(len(ids), t_prompt, max(0, len(gen) - 1), t_gen, ttft or t_prompt):
+            note(line)
+        note(f"expert cache: {eng.cache.n_resident()} resident, decode hit rate {100 * s.hit_rate:.1f}% "
+             f"({s.hits} of {s.lookups}); streamed {s.streamed_experts} experts, {s.streamed_bytes / 2**20:.1f} MiB")
+    return 0
+
+
+def note(msg: str) -> None:
+    print(f"strata: {msg}", file=sys.stderr)
+
+
+def run_reference_fallback(a) -> int:
+    raise RuntimeError("the CPU backend (strata.accel.cpu) is not installed in this build")

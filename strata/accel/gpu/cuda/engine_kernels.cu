@@ -1,0 +1,314 @@
+// The engine's CUDA kernels (strata/accel/gpu/kernels.py states each contract). NVRTC source: no host headers.
+// Legend: T tokens, D hidden, R expert-major rows, K top-k, N/Kd a matrix's rows/row length, H/Hkv heads.
+// fp16 values travel as their bit patterns (unsigned short) and convert with the cvt instructions, so the file
+// needs no cuda_fp16.h.
+
+typedef unsigned short half_t;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(half_t h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ half_t f2h(float f) {
+    half_t h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// ---- grouped GEMM on tensor cores ---------------------------------------------------------------------------
+// For each tile (g, r0, r1): C[r0:r1, :N] = A[r0:r1, :Kd] · W[g]^T, A fp16 [R, Kd] (lda), W fp16 [G, N, Kd],
+// C fp32 (ldc). 128 threads = 4 warps, block tile 64x64, k step 32; each warp a 32x32 tile of m16n8k16 MMAs.
+// Each output is one fixed-order sum over k: the result depends only on its rows and W[g] (residency-invariant).
+#define BM 64
+#define BN 64
+#define BK 32
+#define PAD 8
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+extern "C" __global__ void gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda, const half_t* W,
+                                            const int* tiles, int N, int Kd) {
+    __shared__ __align__(16) half_t As[BM][BK + PAD];
+    __shared__ __align__(16) half_t Bs[BN][BK + PAD];
+    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
+    const int n0 = blockIdx.y * BN;
+    const half_t* Wg = W + (long long)g * N * Kd;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    // each thread loads 16 halves of A and 16 of W per k step: row = tid / 2, cols (tid % 2) * 16 .. + 15
+    const int lr = tid >> 1, lc = (tid & 1) * 16;
+    for (int k0 = 0; k0 < Kd; k0 += BK) {
+        {
+            const int r = r0 + lr;
+            uint4* dst = (uint4*)&As[lr][lc];
+            if (r < r1) {
+                const uint4* src = (const uint4*)(A + (long long)r * lda + k0 + lc);
+                dst[0] = src[0];
+                dst[1] = src[1];
+            } else {
+                dst[0] = make_uint4(0, 0, 0, 0);
+                dst[1] = make_uint4(0, 0, 0, 0);
+            }
+            const int n = n0 + lr;
+            uint4* dstb = (uint4*)&Bs[lr][lc];
+            if (n < N) {
+                const uint4* src = (const uint4*)(Wg + (long long)n * Kd + k0 + lc);
+                dstb[0] = src[0];
+                dstb[1] = src[1];
+            } else {
+                dstb[0] = make_uint4(0, 0, 0, 0);
+                dstb[1] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            u32 a[2][4], b[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wm + i * 16 + gid, c = kk + t4 * 2;
+                a[i][0] = *(const u32*)&As[r][c];
+                a[i][1] = *(const u32*)&As[r + 8][c];
+                a[i][2] = *(const u32*)&As[r][c + 8];
+                a[i][3] = *(const u32*)&As[r + 8][c + 8];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int n = wn + j * 8 + gid, c = kk + t4 * 2;
+                b[j][0] = *(const u32*)&Bs[n][c];
+                b[j][1] = *(const u32*)&Bs[n][c + 8];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16816(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int n = n0 + wn + j * 8 + t4 * 2;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + wm + i * 16 + gid + h * 8;
+                if (r < r1) {
+                    if (n < N) C[(long long)r * ldc + n] = acc[i][j][2 * h];
+                    if (n + 1 < N) C[(long long)r * ldc + n + 1] = acc[i][j][2 * h + 1];
+                }
+            }
+        }
+}
+
+// The same product on plain fp32 cores (STRATA_GEMM=simt): a fallback and a cross-check of the MMA kernel.
+extern "C" __global__ void gemm_grouped_simt(float* C, int ldc, const half_t* A, int lda, const half_t* W,
+                                             const int* tiles, int N, int Kd) {
+    __shared__ float As[16][17];
+    __shared__ float Bs[16][17];
+    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
+    const half_t* Wg = W + (long long)g * N * Kd;
+    for (int rb = r0; rb < r1; rb += 16) {
+        const int r = rb + threadIdx.y, n = blockIdx.y * 16 + threadIdx.x;
+        float acc = 0.f;
+        for (int k0 = 0; k0 < Kd; k0 += 16) {
+            const int ra = rb + threadIdx.y, ka = k0 + threadIdx.x;
+            As[threadIdx.y][threadIdx.x] = (ra < r1 && ka < Kd) ? h2f(A[(long long)ra * lda + ka]) : 0.f;
+            const int nb = blockIdx.y * 16 + threadIdx.y;
+            Bs[threadIdx.y][threadIdx.x] = (nb < N && ka < Kd) ? h2f(Wg[(long long)nb * Kd + ka]) : 0.f;
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) acc = __fadd_rn(acc, __fmul_rn(As[threadIdx.y][kk], Bs[threadIdx.x][kk]));
+            __syncthreads();
+        }
+        if (r < r1 && n < N) C[(long long)r * ldc + n] = acc;
+    }
+}
+
+// ---- rows and elementwise --------------------------------------------------------------------------------------
+extern "C" __global__ void gather_f16(half_t* out, const float* x, const int* src, int R, int D) {
+    const int r = blockIdx.x;
+    const float* xs = x + (long long)src[r] * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[(long long)r * D + d] = f2h(xs[d]);
+}
+
+extern "C" __global__ void to_f16(half_t* out, const float* x, long long n, int cols, int ld) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = f2h(x[(i / cols) * ld + i % cols]);
+}
+
+// out fp16 [R, F] = silu(gu[:, :F]) * gu[:, F:2F]; gu fp32 [R, ldg]
+extern "C" __global__ void swiglu(half_t* out, const float* gu, int R, int F, int ldg) {
+    const int r = blockIdx.x;
+    for (int f = threadIdx.x; f < F; f += blockDim.x) {
+        const float g = gu[(long long)r * ldg + f], u = gu[(long long)r * ldg + F + f];
+        out[(long long)r * F + f] = f2h(g / (1.f + __expf(-g)) * u);
+    }
+}
+
+// out [T, D] = sum over k in order of w[t,k] * dm[slot[t,k], :]
+extern "C" __global__ void combine(float* out, const float* dm, const int* slot, const float* w, int T, int K, int D) {
+    const int t = blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.f;
+        for (int k = 0; k < K; k++)
+            acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], dm[(long long)slot[t * K + k] * D + d]));
+        out[(long long)t * D + d] = acc;
+    }
+}
+
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = (threadIdx.x < (blockDim.x >> 5)) ? sh[threadIdx.x] : 0.f;
+    if (w == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh[32] = v;
+    __syncthreads();
+    v = sh[32];
+    __syncthreads();
+    return v;
+}
+
+// one block per row: out = x / sqrt(mean(x^2) + eps) * w
+extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, float eps) {
+    __shared__ float sh[33];
+    const float* xr = x + (long long)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    s = block_sum(s, sh);
+    const float r = rsqrtf(s / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(long long)blockIdx.x * n + i] = xr[i] * r * w[i];
+}
+
+// in place on x [T, H, hd]; cos/sin [P, n_rot/2]; NeoX pairs (i, i + n_rot/2), normal pairs (2i, 2i + 1)
+extern "C" __global__ void rope(float* x, const float* cs, const float* sn, const int* pos, int T, int H, int hd,
+                                int n_rot, int neox) {
+    const int half = n_rot / 2;
+    const long long n = (long long)T * H * half;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += (long long)gridDim.x * blockDim.x) {
+        const int i = idx % half, th = idx / half, t = th / H;
+        float* v = x + (long long)th * hd;
+        const float c = cs[(long long)pos[t] * half + i], s = sn[(long long)pos[t] * half + i];
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float va = v[a], vb = v[b];
+        v[a] = va * c - vb * s;
+        v[b] = va * s + vb * c;
+    }
+}
+
+extern "C" __global__ void kv_store(half_t* kc, half_t* vc, const float* k, const float* v, long long off, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        kc[off + i] = f2h(k[i]);
+        vc[off + i] = f2h(v[i]);
+    }
+}
+
+// one block per token: softmax over E logits, then k rounds of argmax (ties -> the lower id)
+extern "C" __global__ void router_topk(int* ids, float* w, const float* logits, int E, int K) {
+    extern __shared__ float p[];
+    __shared__ float sh[33];
+    __shared__ int besti[32];
+    __shared__ float bestv[32];
+    const float* l = logits + (long long)blockIdx.x * E;
+    float m = -3.0e38f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = sh[0];
+    for (int i = 1; i < (blockDim.x >> 5); i++) m = fmaxf(m, sh[i]);
+    __syncthreads();
+    float s = 0.f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        p[e] = expf(l[e] - m);
+        s += p[e];
+    }
+    s = block_sum(s, sh);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = p[e] / s;
+    __syncthreads();
+    for (int k = 0; k < K; k++) {
+        float bv = -1.f;
+        int bi = 0x7fffffff;
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (p[e] > bv || (p[e] == bv && e < bi)) { bv = p[e]; bi = e; }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if ((threadIdx.x & 31) == 0) { bestv[threadIdx.x >> 5] = bv; besti[threadIdx.x >> 5] = bi; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 1; i < (blockDim.x >> 5); i++)
+                if (bestv[i] > bv || (bestv[i] == bv && besti[i] < bi)) { bv = bestv[i]; bi = besti[i]; }
+            ids[blockIdx.x * K + k] = bi;
+            w[blockIdx.x * K + k] = bv;
+            p[bi] = -2.f;
+        }
+        __syncthreads();
+    }
+}
+
+// ---- attention through cuBLAS: permute, masked softmax, permute back ---------------------------------------------
+// qp fp16 [Hkv][M = Tq*g][hd] <- q fp32 [T, H, hd] rows q0 .. q0+Tq-1; query head j*g+i of kv head j
+extern "C" __global__ void attn_qperm(half_t* qp, const float* q, int q0, int Tq, int H, int Hkv, int hd) {
+    const int g = H / Hkv;
+    const long long n = (long long)Hkv * Tq * g * hd;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += (long long)gridDim.x * blockDim.x) {
+        const int d = idx % hd;
+        const long long row = idx / hd;               // j * (Tq*g) + t*g + i
+        const int j = row / (Tq * g), ti = row % (Tq * g), t = ti / g, i = ti % g;
+        qp[idx] = f2h(q[((long long)(q0 + t) * H + j * g + i) * hd + d]);
+    }
+}
+
+// p fp16 [B][M][S] <- softmax over s <= pos of scale * sc fp32 [B][M][S]; row m is query t = m / g at pos0+q0+t
+extern "C" __global__ void attn_softmax(half_t* p, const float* sc, int M, int S, int g, int qpos0, float scale) {
+    __shared__ float sh[33];
+    const long long row = blockIdx.x;                 // b * M + m
+    const int m = row % M, lim = qpos0 + m / g;       // keys 0..lim
+    const float* x = sc + row * S;
+    float mx = -3.0e38f;
+    for (int s = threadIdx.x; s <= lim && s < S; s += blockDim.x) mx = fmaxf(mx, x[s] * scale);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = sh[0];
+    for (int i = 1; i < (blockDim.x >> 5); i++) mx = fmaxf(mx, sh[i]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int s = threadIdx.x; s <= lim && s < S; s += blockDim.x) sum += expf(x[s] * scale - mx);
+    sum = block_sum(sum, sh);
+    const float inv = 1.f / sum;
+    for (int s = threadIdx.x; s < S; s += blockDim.x)
+        p[row * S + s] = f2h(s <= lim ? expf(x[s] * scale - mx) * inv : 0.f);
+}
+
+// out fp32 [T, H*hd] rows q0.. <- o fp32 [Hkv][M][hd]
+extern "C" __global__ void attn_operm(float* out, const float* o, int q0, int Tq, int H, int Hkv, int hd) {
+    const int g = H / Hkv;
+    const long long n = (long long)Hkv * Tq * g * hd;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += (long long)gridDim.x * blockDim.x) {
+        const int d = idx % hd;
+        const long long row = idx / hd;
+        const int j = row / (Tq * g), ti = row % (Tq * g), t = ti / g, i = ti % g;
+        out[((long long)(q0 + t) * H + j * g + i) * hd + d] = o[idx];
+    }
+}

@@ -1,0 +1,247 @@
+"""The kernel set on CUDA: CuPy raw kernels (cuda/engine_kernels.cu, cuda/dequant_*.cuh) and cuBLAS through
+CuPy's bindings for the dense products and attention (see kernels.py for each contract).
+
+Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from strata.accel.gpu import dequant as dq
+from strata.accel.gpu.kernels import BlobRef, Kernels
+
+SRC = pathlib.Path(__file__).resolve().parent / "cuda" / "engine_kernels.cu"
+OP_N, OP_T = 0, 1                   # cublasOperation_t
+R_16F, R_32F = 2, 0                 # cudaDataType
+COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
+GEMM_DEFAULT = -1
+STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
+
+
+class _Staging:
+    """A pinned ring for small host tables: each upload copies into the next free bytes; a region is reused
+    only after the copy that read it has completed (its event)."""
+
+    def __init__(self, dev, nbytes: int):
+        self.dev, self.buf, self.pos = dev, dev.pinned(nbytes), 0
+        self.inflight: list[tuple[int, int, object]] = []    # (start, end, event)
+
+    def put(self, host: np.ndarray, stream) -> np.ndarray:
+        n = -(-host.nbytes // 256) * 256
+        assert n <= self.buf.nbytes, f"a table of {host.nbytes} bytes exceeds the staging ring"
+        if self.pos + n > self.buf.nbytes:
+            self.pos = 0
+        start, end = self.pos, self.pos + n
+        keep = []
+        for s, e, ev in self.inflight:
+            if s < end and start < e:
+                ev.synchronize()
+            else:
+                keep.append((s, e, ev))
+        self.inflight = keep
+        view = self.buf[start:start + host.nbytes]
+        view[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        self.pos = end
+        return view
+
+    def done(self, start_view: np.ndarray, stream) -> None:
+        ev = self.dev.event()
+        ev.record(stream)
+        s = start_view.ctypes.data - self.buf.ctypes.data
+        self.inflight.append((s, s + start_view.nbytes, ev))
+
+
+class CudaKernels(Kernels):
+    def __init__(self, dev):
+        self.dev, self.cp = dev, dev.cp
+        cp = self.cp
+        from cupy_backends.cuda.libs import cublas
+
+        self.cublas = cublas
+        self.handle = cp.cuda.device.get_cublas_handle()
+        self.mod = cp.RawModule(code=SRC.read_text(), options=("--std=c++17",))
+        self.dq = dq.load_module(cp)
+        self.fn = {name: self.mod.get_function(name) for name in (
+            "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
+            "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm")}
+        self.gemm_kind = os.environ.get("STRATA_GEMM", "mma")    # read here only: a kernel choice for tests/bench
+        self.staging = _Staging(dev, STAGING_BYTES)
+        self._one = np.array(1.0, np.float32)
+        self._zero = np.array(0.0, np.float32)
+
+    # --- tables -------------------------------------------------------------------------------------------------
+    def upload(self, host, stream):
+        host = np.ascontiguousarray(host)
+        view = self.staging.put(host, stream)
+        out = self.cp.empty(host.shape, host.dtype)
+        out.data.copy_from_host_async(view.ctypes.data, host.nbytes, stream.s)
+        self.staging.done(view, stream)
+        return out
+
+    def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
+        return np.asarray([r.buf.data.ptr + r.index * r.buf.strides[0] + byte_off for r in refs], np.uint64)
+
+    # --- experts ------------------------------------------------------------------------------------------------
+    def dequant(self, out, blobs, qtype, n, k, stream):
+        if out.flags.c_contiguous:
+            dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, out, stream.s)
+            return
+        tmp = self.cp.empty((blobs.shape[0], n, k), np.float16)      # a split gate/up of two types
+        dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, tmp, stream.s)
+        with stream.s:
+            out[...] = tmp
+
+    def gather_f16(self, out, x, src, stream):
+        R, D = out.shape
+        assert out.dtype == np.float16 and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
+        if R:
+            self.fn["gather_f16"]((R,), (256,), (out, x, src, np.int32(R), np.int32(D)), stream=stream.s)
+
+    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream):
+        N, Kd = w.shape[1], w.shape[2]
+        assert out.dtype == np.float32 and a.dtype == np.float16 and w.dtype == np.float16 and w.flags.c_contiguous
+        assert a.strides[1] == 2 and out.strides[1] == 4 and Kd % 32 == 0, "row-major operands, k a multiple of 32"
+        if not n_tiles:
+            return
+        args = (out, np.int32(out.strides[0] // 4), a, np.int32(a.strides[0] // 2), w, tiles, np.int32(N),
+                np.int32(Kd))
+        if self.gemm_kind == "simt":
+            self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
+        else:
+            self.fn["gemm_grouped_mma"]((n_tiles, -(-N // 64)), (128,), args, stream=stream.s)
+
+    def swiglu(self, out, gu, f, stream):
+        R = out.shape[0]
+        assert out.dtype == np.float16 and gu.dtype == np.float32 and gu.strides[1] == 4
+        if R:
+            self.fn["swiglu"]((R,), (256,), (out, gu, np.int32(R), np.int32(f), np.int32(gu.strides[0] // 4)),
+                              stream=stream.s)
+
+    def combine(self, out, dm, slot, w, stream):
+        T, D = out.shape
+        K = slot.shape[1]
+        w = self.cp.ascontiguousarray(w)
+        self.fn["combine"]((T,), (256,), (out, dm, slot, w, np.int32(T), np.int32(K), np.int32(D)), stream=stream.s)
+
+    # --- dense --------------------------------------------------------------------------------------------------
+    def embed(self, out, table, ids, stream):
+        raise NotImplementedError("the token embedding stays in host RAM (dense.DeviceOps.embed)")
+
+    def rms_norm(self, out, x, w, eps, stream):
+        n = x.shape[-1]
+        rows = x.size // n
+        assert x.flags.c_contiguous and out.flags.c_contiguous and w.size == n
+        self.fn["rms_norm"]((rows,), (256,), (out, x, w, np.int32(n), np.float32(eps)), stream=stream.s)
+
+    def _gemm_ex(self, stream, transa, transb, m, n, k, A, atype, lda, B, btype, ldb, C, ldc):
+        cb = self.cublas
+        cb.setStream(self.handle, stream.s.ptr)
+        cb.gemmEx(self.handle, transa, transb, m, n, k, self._one.ctypes.data, A, atype, lda, B, btype, ldb,
+                  self._zero.ctypes.data, C, R_32F, ldc, COMPUTE_32F, GEMM_DEFAULT)
+
+    def linear(self, out, x, w, stream, bias=None):
+        """out [T, N] (row stride may exceed N) = x [T, K] · w [N, K]ᵀ: fp16 weights take fp16 inputs, fp32
+        weights (router, shared-expert gate) fp32 inputs."""
+        T, K = x.shape
+        N = w.shape[0]
+        assert w.shape[1] == K and w.flags.c_contiguous and out.strides[1] == 4
+        if T == 0:
+            return
+        if w.dtype == np.float16:
+            if x.dtype == np.float16 and x.flags.c_contiguous:
+                xh = x
+            else:
+                xh = self.cp.empty((T, K), np.float16)
+                self.fn["to_f16"]((min(4096, -(-T * K // 256)),), (256,),
+                                  (xh, x, np.int64(T * K), np.int32(K), np.int32(x.strides[0] // 4)), stream=stream.s)
+            self._gemm_ex(stream, OP_T, OP_N, N, T, K, w.data.ptr, R_16F, K, xh.data.ptr, R_16F, K, out.data.ptr,
+                          out.strides[0] // 4)
+        else:
+            assert x.dtype == np.float32 and x.strides[1] == 4
+            self._gemm_ex(stream, OP_T, OP_N, N, T, K, w.data.ptr, R_32F, K, x.data.ptr, R_32F,
+                          x.strides[0] // 4, out.data.ptr, out.strides[0] // 4)
+        if bias is not None:
+            with stream.s:
+                out += bias
+
+    def rope(self, x, cos, sin, pos, n_rot, neox, stream):
+        T, H, hd = x.shape
+        assert x.flags.c_contiguous and x.dtype == np.float32
+        n = T * H * (n_rot // 2)
+        self.fn["rope"]((min(4096, -(-n // 256)),), (256,), (x, cos, sin, pos, np.int32(T), np.int32(H),
+                                                            np.int32(hd), np.int32(n_rot), np.int32(bool(neox))),
+                        stream=stream.s)
+
+    def kv_store(self, kc, vc, k, v, pos0, stream):
+        n = k.size
+        assert k.flags.c_contiguous and v.flags.c_contiguous
+        off = pos0 * kc.shape[1] * kc.shape[2]
+        self.fn["kv_store"]((min(4096, -(-n // 256)),), (256,), (kc, vc, k, v, np.int64(off), np.int64(n)),
+                            stream=stream.s)
+
+    def attention(self, out, q, kc, vc, pos0, scratch, stream):
+        """Query blocks through cuBLAS: scores = Q·Kᵀ per kv head (its g query heads as rows), masked softmax,
+        P·V, each block sized so its score buffers fit `scratch`."""
+        cb = self.cublas
+        T, H, hd = q.shape
+        Hkv = kc.shape[1]
+        g = H // Hkv
+        S_all = pos0 + T
+        per_q = H * (hd * 2 + S_all * 4 + S_all * 2 + hd * 4) + 1024
+        Tq = max(1, min(T, scratch.nbytes // per_q))
+        s = stream.s
+        scale = np.float32(1.0 / np.sqrt(hd))
+        assert per_q <= scratch.nbytes, f"attention needs {per_q} scratch bytes per query, has {scratch.nbytes}"
+        ldk = Hkv * hd
+
+        def carve(off, n, dtype):       # a typed view of the scratch bytes [off, off + n·itemsize)
+            nb = n * np.dtype(dtype).itemsize
+            return scratch[off:off + nb].view(dtype), off + (nb + 255) // 256 * 256
+
+        for q0 in range(0, T, Tq):
+            tq = min(Tq, T - q0)
+            S = pos0 + q0 + tq                                        # keys any query of the block may see
+            M = tq * g
+            n = Hkv * M * hd
+            qp, off = carve(0, n, np.float16)                          # [Hkv][M][hd]
+            sc, off = carve(off, Hkv * M * S, np.float32)              # [Hkv][M][S]
+            pp, off = carve(off, Hkv * M * S, np.float16)
+            oo, off = carve(off, n, np.float32)                        # [Hkv][M][hd]
+            grid = (min(4096, -(-n // 256)),)
+            self.fn["attn_qperm"](grid, (256,), (qp, q, np.int32(q0), np.int32(tq), np.int32(H), np.int32(Hkv),
+                                                 np.int32(hd)), stream=s)
+            cb.setStream(self.handle, s.ptr)
+            cb.gemmStridedBatchedEx(self.handle, OP_T, OP_N, S, M, hd, self._one.ctypes.data,
+                                    kc.data.ptr, R_16F, ldk, hd, qp.data.ptr, R_16F, hd, M * hd,
+                                    self._zero.ctypes.data, sc.data.ptr, R_32F, S, M * S, Hkv, COMPUTE_32F,
+                                    GEMM_DEFAULT)
+            self.fn["attn_softmax"]((Hkv * M,), (128,), (pp, sc, np.int32(M), np.int32(S), np.int32(g),
+                                                         np.int32(pos0 + q0), scale), stream=s)
+            cb.gemmStridedBatchedEx(self.handle, OP_N, OP_N, hd, M, S, self._one.ctypes.data,
+                                    vc.data.ptr, R_16F, ldk, hd, pp.data.ptr, R_16F, S, M * S,
+                                    self._zero.ctypes.data, oo.data.ptr, R_32F, hd, M * hd, Hkv, COMPUTE_32F,
+                                    GEMM_DEFAULT)
+            self.fn["attn_operm"](grid, (256,), (out, oo, np.int32(q0), np.int32(tq), np.int32(H),
+                                                 np.int32(Hkv), np.int32(hd)), stream=s)
+
+    def router(self, ids, w, logits, k, renorm, stream):
+        T, E = logits.shape
+        assert logits.flags.c_contiguous and ids.flags.c_contiguous and w.flags.c_contiguous
+        if T:
+            self.fn["router_topk"]((T,), (256,), (ids, w, logits, np.int32(E), np.int32(k)), stream=stream.s,
+                                   shared_mem=E * 4)
+        if renorm:
+            with stream.s:
+                w /= w.sum(axis=1, keepdims=True)
+
+    def add(self, out, a, b, stream):
+        with stream.s:
+            self.cp.add(a, b, out=out)
+
+    def sigmoid_gate(self, out, s, g, stream):
+        with stream.s:
+            self.cp.multiply(s, 1.0 / (1.0 + self.cp.exp(-g)), out=out)

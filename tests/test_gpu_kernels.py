@@ -1,0 +1,165 @@
+"""Each CUDA kernel against the host twin's numpy kernel on random inputs (`gpu`: run on the lent H200).
+Tolerances: both sides round matrix inputs to fp16 and accumulate in fp32 in different orders, so products agree
+to ~1e-3 relative; elementwise kernels to a few fp32 ulps (exp, rsqrt)."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def devs():
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.device.host import HostDevice
+
+    c, h = CudaDevice(), HostDevice()
+    yield c, h
+    c.close()
+    h.close()
+
+
+def run_both(devs, name, make_args, out_index=0):
+    """make_args(xp_asarray) -> args; runs kernel `name` on both devices; returns (cuda_out, host_out)."""
+    c, h = devs
+    rng_state = np.random.default_rng(0)
+    host_args = make_args(lambda a: np.array(a), rng_state)
+    cuda_args = [c.asarray(a) if isinstance(a, np.ndarray) else a for a in host_args]
+    getattr(h.k, name)(*host_args, stream=h.compute)
+    getattr(c.k, name)(*cuda_args, stream=c.compute)
+    c.synchronize()
+    return c.tohost(cuda_args[out_index]), host_args[out_index]
+
+
+def close(a, b, rel):
+    scale = max(1e-6, float(np.abs(b).max()))
+    err = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) / scale
+    assert err <= rel, f"max error {err:.2e} of scale {scale:.3g} exceeds {rel:.0e}"
+
+
+@pytest.mark.parametrize("kind", ["mma", "simt"])
+def test_gemm_grouped(devs, kind, monkeypatch):
+    c, _ = devs
+    monkeypatch.setattr(c.k, "gemm_kind", kind)
+    R, K, N, G = 300, 256, 200, 3
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((R, K)).astype(np.float16)
+    w = (rng.standard_normal((G, N, K)) / 16).astype(np.float16)
+    tiles = np.array([(0, 0, 64), (0, 64, 100), (2, 100, 164), (2, 164, 170), (1, 200, 264), (1, 264, 300)],
+                     np.int32)
+    out_h = np.full((R, N), np.nan, np.float32)
+    _, hdev = devs
+    hdev.k.gemm_grouped(out_h, a, w, tiles, len(tiles), hdev.compute)
+    out_c = c.zeros((R, N), np.float32) + np.float32(np.nan)
+    c.k.gemm_grouped(out_c, c.asarray(a), c.asarray(w), c.k.upload(tiles, c.compute), len(tiles), c.compute)
+    got = c.tohost(out_c)
+    rows = np.r_[0:170, 200:300]
+    close(got[rows], out_h[rows], 1e-3)
+    assert np.isnan(got[170:200]).all(), "rows outside every tile must be untouched"
+
+
+def test_gemm_residency_invariance(devs):
+    """The same expert's rows give the same bits whether it is alone in a launch or grouped with others."""
+    c, _ = devs
+    rng = np.random.default_rng(2)
+    a = c.asarray(rng.standard_normal((128, 256)).astype(np.float16))
+    w = c.asarray((rng.standard_normal((4, 192, 256)) / 16).astype(np.float16))
+    o1 = c.zeros((128, 192), np.float32)
+    o2 = c.zeros((128, 192), np.float32)
+    t1 = np.array([(2, 10, 74), (2, 74, 90)], np.int32)
+    t2 = np.array([(0, 0, 10), (2, 10, 74), (2, 74, 90), (3, 90, 128)], np.int32)
+    c.k.gemm_grouped(o1, a, w, c.k.upload(t1, c.compute), 2, c.compute)
+    c.k.gemm_grouped(o2, a, w, c.k.upload(t2, c.compute), 4, c.compute)
+    assert np.array_equal(c.tohost(o1)[10:90], c.tohost(o2)[10:90])
+
+
+def test_gather_swiglu_combine(devs):
+    def gather(asarray, rng):
+        x = rng.standard_normal((7, 64)).astype(np.float32)
+        return [np.zeros((12, 64), np.float16), x, rng.integers(0, 7, 12).astype(np.int32)]
+
+    cu, ho = run_both(devs, "gather_f16", gather)
+    assert np.array_equal(cu, ho)
+
+    def swiglu(asarray, rng):
+        return [np.zeros((9, 40), np.float16), rng.standard_normal((9, 80)).astype(np.float32) * 3, 40]
+
+    cu, ho = run_both(devs, "swiglu", swiglu)
+    close(cu.astype(np.float32), ho.astype(np.float32), 2e-3)
+
+    def combine(asarray, rng):
+        return [np.zeros((5, 32), np.float32), rng.standard_normal((10, 32)).astype(np.float32),
+                rng.permutation(10).reshape(5, 2).astype(np.int32), rng.random((5, 2)).astype(np.float32)]
+
+    cu, ho = run_both(devs, "combine", combine)
+    close(cu, ho, 1e-6)
+
+
+def test_rms_norm_rope_kv(devs):
+    def norm(asarray, rng):
+        return [np.zeros((6, 3, 64), np.float32), rng.standard_normal((6, 3, 64)).astype(np.float32),
+                rng.standard_normal(64).astype(np.float32), 1e-6]
+
+    cu, ho = run_both(devs, "rms_norm", norm)
+    close(cu, ho, 1e-5)
+    from strata.mathfn import rope_table
+
+    cos, sin = rope_table(32, 48, 1e4)
+    for neox in (True, False):
+        def rope(asarray, rng, neox=neox):
+            return [rng.standard_normal((5, 3, 64)).astype(np.float32), cos, sin,
+                    np.array([0, 3, 7, 8, 31], np.int32), 48, neox]
+
+        cu, ho = run_both(devs, "rope", rope)
+        close(cu, ho, 1e-5)
+
+
+def test_router(devs):
+    def router(asarray, rng):
+        logits = rng.standard_normal((9, 128)).astype(np.float32) * 3
+        logits[0, [5, 9]] = 10.0                                   # an exact tie: the lower id first
+        return [np.zeros((9, 8), np.int32), np.zeros((9, 8), np.float32), logits, 8, False]
+
+    c, h = devs
+    rng = np.random.default_rng(3)
+    args = router(None, rng)
+    cargs = [c.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    h.k.router(*args, stream=h.compute)
+    c.k.router(*cargs, stream=c.compute)
+    assert np.array_equal(c.tohost(cargs[0]), args[0])
+    assert args[0][0, 0] == 5 and args[0][0, 1] == 9
+    close(c.tohost(cargs[1]), args[1], 1e-5)
+
+
+@pytest.mark.parametrize("pos0,T", [(0, 9), (5, 3), (11, 1)])
+def test_attention(devs, pos0, T):
+    c, h = devs
+    rng = np.random.default_rng(4)
+    H, Hkv, hd, S = 8, 2, 64, 32
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    kc = rng.standard_normal((S, Hkv, hd)).astype(np.float16)
+    vc = rng.standard_normal((S, Hkv, hd)).astype(np.float16)
+    out_h = np.zeros((T, H * hd), np.float32)
+    h.k.attention(out_h, q, kc, vc, pos0, None, h.compute)
+    out_c = c.zeros((T, H * hd), np.float32)
+    scratch = c.empty((1 << 20,), np.uint8)
+    c.k.attention(out_c, c.asarray(q), c.asarray(kc), c.asarray(vc), pos0, scratch, c.compute)
+    close(c.tohost(out_c), out_h, 3e-3)
+    small = c.empty((H * (hd * 6 + (pos0 + T) * 6) + 1024,), np.uint8)   # one query per block
+    out_s = c.zeros((T, H * hd), np.float32)
+    c.k.attention(out_s, c.asarray(q), c.asarray(kc), c.asarray(vc), pos0, small, c.compute)
+    close(c.tohost(out_s), out_h, 3e-3)
+
+
+def test_linear(devs):
+    c, h = devs
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((13, 96)).astype(np.float32)
+    for wdt in (np.float16, np.float32):
+        w = (rng.standard_normal((40, 96)) / 8).astype(wdt)
+        oh = np.zeros((13, 80), np.float32)
+        h.k.linear(oh[:, :40], x, w, h.compute)
+        oc = c.zeros((13, 80), np.float32)
+        c.k.linear(oc[:, :40], c.asarray(x), c.asarray(w), c.compute)
+        close(c.tohost(oc)[:, :40], oh[:, :40], 2e-3)
+        assert not c.tohost(oc)[:, 40:].any(), "writes past the column slice"
