@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     try:
         from strata import policy
 
-        policy.from_process()                  # a bad STRATA_* value fails here, before any work
+        config = policy.from_process()         # a bad STRATA_* value fails here, before any work
         if a.device == "cpu":
             return run_cpu(a)
         from strata.accel.device.base import get_device
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
             dev = HostDevice()
         else:
-            dev = get_device(a.device, log=note)
+            dev = get_device(a.device, log=note, budget_bytes=a.vram_budget, gemm=config.gemm)
         if dev is None:
             return run_cpu(a)
         from strata.accel.generate import run_gpu

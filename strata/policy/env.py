@@ -67,12 +67,14 @@ class Config:
     mtp_loan: bool = False                 # STRATA_PREFILL_MTP_LOAN (draft resources)
     repeat_loan: bool = False              # STRATA_PREFILL_REPEAT_LOAN
     repeat_min_tokens: int = REPEAT_MIN_DEFAULT
+    gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
 
     def __post_init__(self):
         s = self.cpu_share
         assert s is None or s == "auto" or 0.0 <= s <= 1.0, f"cpu_share {s!r}: None, 'auto' or in [0, 1]"
         assert 1 <= self.lend_pct <= 100, f"lend_pct {self.lend_pct} outside 1..100"
         assert self.repeat_min_tokens >= REPEAT_MIN_FLOOR, "repeat_min_tokens is clamped to >= 256"
+        assert self.gemm in GEMM_KINDS, f"gemm {self.gemm!r}: one of {GEMM_KINDS}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -95,6 +97,7 @@ class Config:
             repeat_min_tokens=max(REPEAT_MIN_FLOOR, _int("STRATA_PREFILL_REPEAT_MIN_TOKENS",
                                                          get("STRATA_PREFILL_REPEAT_MIN_TOKENS"), lo=0,
                                                          default=REPEAT_MIN_DEFAULT)),
+            gemm=_choice("STRATA_GEMM", get("STRATA_GEMM"), GEMM_KINDS, "mma"),
         )
 
     def share(self, qualifies: bool) -> Share:
@@ -110,6 +113,9 @@ class Config:
         if self.cpu_share_max is None:
             return SHARE_MAX_BY_DEFAULT if share.by_default else SHARE_MAX_DEFAULT
         return max(SHARE_MAX_FLOOR, self.cpu_share_max)
+
+
+GEMM_KINDS = ("mma", "simt")
 
 
 def from_process() -> Config:
@@ -139,6 +145,14 @@ def _int(name: str, v: str | None, lo: int, hi: int | None = None, default: int 
         span = f">= {lo}" if hi is None else f"in {lo}..{hi}"
         raise ConfigError(f"{name}={v!r}: expected a whole number {span}")
     return n
+
+
+def _choice(name: str, v: str | None, allowed: tuple[str, ...], default: str) -> str:
+    if v is None:
+        return default
+    if v.lower() not in allowed:
+        raise ConfigError(f"{name}={v!r}: expected one of {', '.join(allowed)}")
+    return v.lower()
 
 
 def _flag(name: str, v: str | None) -> bool:

@@ -120,13 +120,13 @@ class Device(abc.ABC):
         pass
 
 
-def get_device(kind: str = "auto", log=None) -> Device:
-    """`cuda`, `host` or `auto` (CUDA if CuPy sees a GPU, else the host twin with a one-line note)."""
+def get_device(kind: str = "auto", log=None, budget_bytes: int | None = None, gemm: str = "mma") -> Device:
+    """`cuda`, `host` or `auto` (CUDA if CuPy sees a GPU; else None, with a one-line note: use the CPU)."""
     if kind in ("cuda", "auto"):
         try:
             from strata.accel.device.cuda import CudaDevice
 
-            return CudaDevice()
+            return CudaDevice(budget_bytes=budget_bytes, gemm=gemm)
         except Exception as e:  # noqa: BLE001 - any failure to reach CUDA means "no GPU here"
             if kind == "cuda":
                 raise DeviceError(f"--device cuda: no usable CUDA device ({e})") from None

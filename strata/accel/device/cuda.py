@@ -41,7 +41,7 @@ class CudaStream(Stream):
 class CudaDevice(Device):
     kind = "cuda"
 
-    def __init__(self, device_id: int = 0, budget_bytes: int | None = None):
+    def __init__(self, device_id: int = 0, budget_bytes: int | None = None, gemm: str = "mma"):
         import cupy as cp
 
         try:
@@ -68,7 +68,7 @@ class CudaDevice(Device):
             self.pool.set_limit(size=int(budget_bytes))   # allocations past the budget fail like a full card
         from strata.accel.gpu.cuda_kernels import CudaKernels
 
-        self.k = CudaKernels(self)
+        self.k = CudaKernels(self, gemm)
 
     def bind_thread(self) -> None:
         self._dev.use()

@@ -6,7 +6,6 @@ Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 import numpy as np
@@ -56,7 +55,7 @@ class _Staging:
 
 
 class CudaKernels(Kernels):
-    def __init__(self, dev):
+    def __init__(self, dev, gemm: str = "mma"):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp
         from cupy_backends.cuda.libs import cublas
@@ -68,7 +67,7 @@ class CudaKernels(Kernels):
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
             "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm")}
-        self.gemm_kind = os.environ.get("STRATA_GEMM", "mma")    # read here only: a kernel choice for tests/bench
+        self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
