@@ -14,7 +14,9 @@ def as_blocks(cls, blocks: np.ndarray) -> np.ndarray:
     """Check a ``[B, S]`` uint8 block array for ``cls`` and return it C-contiguous."""
     blocks = np.asarray(blocks)
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] != cls.type_size:
-        raise ValueError(f"{cls.name}: expected uint8 blocks [B, {cls.type_size}], got {blocks.dtype} {blocks.shape}")
+        raise ValueError(
+            f"{cls.name}: expected uint8 blocks [B, {cls.type_size}], got {blocks.dtype} {blocks.shape}"
+        )
     return np.ascontiguousarray(blocks)
 
 
@@ -106,13 +108,19 @@ def dot_operands(cls, w: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndar
     act = get(cls.vec_dot_type)
     w, a = np.asarray(w), np.asarray(a)
     if w.dtype != np.uint8 or w.ndim != 3 or w.shape[2] != cls.type_size:
-        raise ValueError(f"{cls.name}.vec_dot: weights must be uint8 [N, B, {cls.type_size}], got {w.dtype} {w.shape}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: weights must be uint8 [N, B, {cls.type_size}], got {w.dtype} {w.shape}"
+        )
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != act.type_size:
-        raise ValueError(f"{cls.name}.vec_dot: activations must be {act.name} uint8 [T, Ba, {act.type_size}], "
-                         f"got {a.dtype} {a.shape}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: activations must be {act.name} uint8 [T, Ba, {act.type_size}], "
+            f"got {a.dtype} {a.shape}"
+        )
     if w.shape[1] * cls.block_size != a.shape[1] * act.block_size:
-        raise ValueError(f"{cls.name}.vec_dot: weight rows hold {w.shape[1] * cls.block_size} values, "
-                         f"activation rows {a.shape[1] * act.block_size}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: weight rows hold {w.shape[1] * cls.block_size} values, "
+            f"activation rows {a.shape[1] * act.block_size}"
+        )
     n, b, _ = w.shape
     t = a.shape[0]
     return w.reshape(n * b, -1), a.reshape(-1, act.type_size), n, b, t

@@ -74,8 +74,9 @@ class _SignedGrid(QuantType):
         else:
             neg, mag = x < 0, np.abs(x)
         gmax = float(cls._grid.max())
-        d, ls = E.affine_scale(mag.reshape(b, -1, cls._sub).max(axis=2) / F32(gmax),
-                               cls._alpha, cls._beta, 15, C.to_f16)
+        d, ls = E.affine_scale(
+            mag.reshape(b, -1, cls._sub).max(axis=2) / F32(gmax), cls._alpha, cls._beta, 15, C.to_f16
+        )
         db = np.repeat(cls._db(d, ls), cls._sub, axis=1)
         t = np.divide(mag, db, out=np.zeros_like(mag), where=db != 0)
         idx, _ = E.nearest_grid(t.reshape(-1, cls._grid.shape[1]), cls._grid)
@@ -130,7 +131,9 @@ class IQ2_XXS(_SignedGrid, qtype=16):
     def _pack(cls, d, idx, neg, ls):
         b = d.shape[0]
         sidx = (E.sign_bytes(neg) & 127).astype(np.uint32).reshape(b, 8, 4)
-        a1 = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (ls.astype(np.uint32) << 28)
+        a1 = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (
+            ls.astype(np.uint32) << 28
+        )
         out = np.empty((b, cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         body = out[:, 2:].reshape(b, 8, 8)
@@ -180,7 +183,11 @@ class IQ2_S(_SignedGrid, qtype=22):
     def _parts(cls, bl):
         hi = (bl[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # [B, 8, 4]
         idx = bl[:, 2:34].astype(np.uint16) | (hi.reshape(-1, 32).astype(np.uint16) << 8)
-        return idx, C.bits_le(bl[:, 34:66], 8).reshape(-1, 256).astype(bool), _nib2(bl[:, 74:82]).astype(np.int32)
+        return (
+            idx,
+            C.bits_le(bl[:, 34:66], 8).reshape(-1, 256).astype(bool),
+            _nib2(bl[:, 74:82]).astype(np.int32),
+        )
 
     _db = IQ2_XXS._db
 
@@ -219,7 +226,9 @@ class IQ3_XXS(_SignedGrid, qtype=18):
     def _pack(cls, d, idx, neg, ls):
         b = d.shape[0]
         sidx = (E.sign_bytes(neg) & 127).astype(np.uint32).reshape(b, 8, 4)
-        aux = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (ls.astype(np.uint32) << 28)
+        aux = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (
+            ls.astype(np.uint32) << 28
+        )
         out = np.empty((b, cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         out[:, 2:66] = idx.astype(np.uint8)
@@ -241,7 +250,11 @@ class IQ3_S(_SignedGrid, qtype=21):
     def _parts(cls, bl):
         hi = C.bits_le(bl[:, 66:74], 8).reshape(-1, 64)
         idx = bl[:, 2:66].astype(np.uint16) | (hi.astype(np.uint16) << 8)
-        return idx, C.bits_le(bl[:, 74:106], 8).reshape(-1, 256).astype(bool), _nib2(bl[:, 106:110]).astype(np.int32)
+        return (
+            idx,
+            C.bits_le(bl[:, 74:106], 8).reshape(-1, 256).astype(bool),
+            _nib2(bl[:, 106:110]).astype(np.int32),
+        )
 
     @classmethod
     def _db(cls, d, ls):
@@ -252,7 +265,9 @@ class IQ3_S(_SignedGrid, qtype=21):
         out = np.empty((d.shape[0], cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         out[:, 2:66] = (idx & 0xFF).astype(np.uint8)
-        out[:, 66:74] = np.packbits(((idx >> 8) & 1).astype(np.uint8).reshape(-1, 8, 8), axis=2, bitorder="little")[..., 0]
+        out[:, 66:74] = np.packbits(
+            ((idx >> 8) & 1).astype(np.uint8).reshape(-1, 8, 8), axis=2, bitorder="little"
+        )[..., 0]
         out[:, 74:106] = E.sign_bytes(neg)
         out[:, 106:110] = (ls[:, 0::2] | (ls[:, 1::2] << 4)).astype(np.uint8)
         return out

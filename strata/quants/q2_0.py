@@ -14,6 +14,8 @@ from strata.quants import act
 from strata.quants.base import QuantType
 
 F32 = np.float32
+
+
 class Q2_0(QuantType, qtype=42):
     """``block_q2_0``: fp16 d | qs[16] (``dequantize_row_q2_0``).
 
