@@ -425,3 +425,16 @@ def test_diff_report_points_at_the_bad_block():
     rep = diff_report(a, b, 32, "demo")
     assert rep.startswith("demo: 1 of 4 blocks differ") and "worst block 2" in rep and "[69]" in rep
     assert diff_report(a, a.copy(), 32) is None
+
+
+def test_bf16_encoder_equals_gguf():
+    # ggml_compute_fp32_to_bf16: ties to even (0x3F808000 -> 0x3F80, 0x3F818000 -> 0x3F82), NaN made quiet
+    bits = np.array([0x3F808000, 0x3F818000, 0x7F800001, 0xFF800000, 0x7F7FFFFF, 0x00000001], np.uint32)
+    x = np.concatenate(
+        [bits.view(np.float32), np.random.default_rng(2).standard_normal(1000).astype(np.float32)]
+    )
+    ours = Q.get(30).quantize(x.reshape(-1, 1))
+    with np.errstate(all="ignore"):
+        ref = gguf.quants.quantize(x.reshape(-1, 1), GT.BF16)
+    assert np.array_equal(ours, np.ascontiguousarray(ref).view(np.uint8))
+    assert ours[:2].view(np.uint16).ravel().tolist() == [0x3F80, 0x3F82]

@@ -37,6 +37,11 @@ def put_f16(blocks: np.ndarray, off: int, values: np.ndarray) -> None:
         blocks[:, off : off + 2] = np.asarray(values, F32).astype(np.float16).reshape(-1, 1).view(np.uint8)
 
 
+def fill_f16(blocks: np.ndarray, off: int, d: float) -> None:
+    """Set the fp16 at byte ``off`` of every block to ``d`` (refused if fp16 cannot hold it)."""
+    blocks[:, off : off + 2] = np.frombuffer(f16_scale(d).tobytes(), np.uint8)
+
+
 def to_f16(x: np.ndarray) -> np.ndarray:
     """float32 -> nearest fp16 -> float32 (the value a ggml_half field will hold)."""
     return np.asarray(x, F32).astype(np.float16).astype(F32)
@@ -72,15 +77,15 @@ def bits_le(x: np.ndarray, n: int) -> np.ndarray:
 def int_dot(wq: np.ndarray, aq: np.ndarray) -> np.ndarray:
     """Exact integer dot per group: wq [N, B, G] int, aq [T, B, G] int -> [T, N, B] int64.
 
-    Computed as a float64 matmul: every operand, product and partial sum is an integer of magnitude below
-    2**53, so each float64 addition is exact and the result cannot depend on summation order or BLAS.
+    Integer ``einsum`` (its own C loops, no BLAS): int32 accumulation when the bound max|w|·max|a|·G allows
+    it (always, for ggml's formats), else int64. Integer sums are exact in any order.
     """
     assert wq.shape[1:] == aq.shape[1:], f"group shapes differ: {wq.shape} vs {aq.shape}"
-    bound = float(np.abs(wq).max(initial=0)) * float(np.abs(aq).max(initial=0)) * wq.shape[2]
-    assert bound < 2.0**53, "integer block sum could exceed float64's exact range"
-    w = np.ascontiguousarray(wq.transpose(1, 2, 0), dtype=np.float64)  # [B, G, N]
-    a = np.ascontiguousarray(aq.transpose(1, 0, 2), dtype=np.float64)  # [B, T, G]
-    return np.matmul(a, w).transpose(1, 2, 0).astype(np.int64)  # [T, N, B]
+    bound = int(np.abs(wq).max(initial=0)) * int(np.abs(aq).max(initial=0)) * wq.shape[2]
+    dt = np.int32 if bound < 2**31 else np.int64
+    w = np.ascontiguousarray(wq.transpose(1, 0, 2), dtype=dt)  # [B, N, G]
+    a = np.ascontiguousarray(aq.transpose(1, 0, 2), dtype=dt)  # [B, T, G]
+    return np.einsum("btg,bng->tnb", a, w).astype(np.int64)  # [T, N, B]
 
 
 def sum_blocks(bv: np.ndarray) -> np.ndarray:

@@ -81,7 +81,7 @@ class IQ1_S(QuantType, qtype=19):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

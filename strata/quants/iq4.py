@@ -70,7 +70,7 @@ class IQ4_NL(QuantType, qtype=20):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -140,7 +140,7 @@ class IQ4_XS(QuantType, qtype=23):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

@@ -86,7 +86,7 @@ class _SignedGrid(QuantType):
     def _random(cls, rng, n_blocks, d):
         # every bit pattern is a valid grid index / sign code / scale: only d needs setting
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

@@ -96,9 +96,8 @@ def _symmetric(x: np.ndarray, qmin: int, qmax: int, smin: int, smax: int):
 
 def _random_k(cls, rng, n_blocks, d, offsets):
     blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-    h = np.full(n_blocks, C.f16_scale(d))
     for off in offsets:
-        C.put_f16(blocks, off, h)
+        C.fill_f16(blocks, off, d)
     return blocks
 
 
