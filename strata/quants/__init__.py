@@ -11,16 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.quants import (
-    act,
-    floats,
-    iq1,
-    iq4,
-    iquants,
-    kquants,
-    legacy,
-    q2_0,
-)  # noqa: F401  (importing registers the classes)
+# importing the family modules registers their classes
+from strata.quants import act, floats, iq1, iq4, iquants, kquants, legacy, q2_0  # noqa: F401
 from strata.quants.base import QuantType, UnsupportedQuantType, get, registered, type_name
 
 __all__ = [

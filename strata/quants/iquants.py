@@ -109,7 +109,9 @@ def _ksign_parts(sidx: np.ndarray) -> np.ndarray:
 class IQ2_XXS(_SignedGrid, qtype=16):
     """``block_iq2_xxs``: fp16 d | 8 × (u32 a0, u32 a1) per 32 weights. a0's bytes are 4 indices into
     iq2xxs_grid (8 weights each); a1 = 4 × 7-bit ksigns indices | ls << 28.
-    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign. vec_dot tail 0.125f.
+    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_XXS"
@@ -145,7 +147,9 @@ class IQ2_XXS(_SignedGrid, qtype=16):
 class IQ2_XS(_SignedGrid, qtype=17):
     """``block_iq2_xs``: fp16 d | u16 qs[32] | scales[8]. qs_k = index into iq2xs_grid (9 bits) | ksigns
     index << 9; the 4-bit scale of sub-block s (16 weights) is nibble s % 2 of scales[s // 2].
-    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign. vec_dot tail 0.125f.
+    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_XS"
@@ -172,7 +176,9 @@ class IQ2_XS(_SignedGrid, qtype=17):
 class IQ2_S(_SignedGrid, qtype=22):
     """``block_iq2_s``: fp16 d | qs[32] | signs[32] | qh[8] | scales[8]. Index k into iq2s_grid (10 bits) =
     qs[k] | ((qh[k // 4] >> 2(k % 4)) & 3) << 8; bit j of signs[k] is the sign of weight 8k + j; scales as
-    IQ2_XS. db = (d·(0.5f + f(ls)))·0.25f. vec_dot tail 0.125f.
+    IQ2_XS. db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_S"
@@ -205,7 +211,9 @@ class IQ2_S(_SignedGrid, qtype=22):
 
 class IQ3_XXS(_SignedGrid, qtype=18):
     """``block_iq3_xxs``: fp16 d | qs[64] (indices into iq3xxs_grid, 4 weights each) | u32 aux[8] per 32
-    weights = 4 × 7-bit ksigns indices | ls << 28. db = (d·(0.5f + f(ls)))·0.5f. vec_dot tail 0.25f.
+    weights = 4 × 7-bit ksigns indices | ls << 28. db = (d·(0.5f + f(ls)))·0.5f.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.25f.
     """
 
     name = "IQ3_XXS"
@@ -239,7 +247,8 @@ class IQ3_XXS(_SignedGrid, qtype=18):
 class IQ3_S(_SignedGrid, qtype=21):
     """``block_iq3_s``: fp16 d | qs[64] | qh[8] | signs[32] | scales[4]. Index k into iq3s_grid (9 bits) =
     qs[k] | bit (k % 8) of qh[k // 8] << 8; signs as IQ2_S; the scale of sub-block s (32 weights) is nibble
-    s % 2 of scales[s // 2]. db = d·f(1 + 2·ls); no tail.
+    s % 2 of scales[s // 2]. db = d·f(1 + 2·ls).
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact); block value = (d·d_a)·f(bsum).
     """
 
     name = "IQ3_S"

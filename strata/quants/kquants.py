@@ -218,7 +218,7 @@ class Q3_K(QuantType, qtype=11):
 
 
 class _Q45K(QuantType):
-    """Shared by Q4_K and Q5_K: fp16 d | fp16 dmin | scales[12] (8 scales sc, 8 mins m, 6 bits each) | codes.
+    """Q4_K and Q5_K: scales[12] holds 8 scales sc and 8 mins m of 6 bits (get_scale_min_k4).
     Sub-block s = w // 32; weight = (d·f(sc_s))·f(code) − dmin·f(m_s) (``dequantize_row_q4_K/q5_K``).
 
     vec_dot: isum = Σ_w sc_s·code·a_q, summs = Σ_{j<16} bsums_j·m_{j//2} (exact);
