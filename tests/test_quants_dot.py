@@ -108,7 +108,9 @@ def bv_q2_0(x, ys):
     sumi = F(0.0)
     for k in range(2):
         d1, q8 = q8_0(ys[k])
-        sb = sum((((x[2 + 8 * k + b] >> (2 * i)) & 3) - 1) * q8[4 * b + i] for b in range(8) for i in range(4))
+        sb = sum(
+            (((x[2 + 8 * k + b] >> (2 * i)) & 3) - 1) * q8[4 * b + i] for b in range(8) for i in range(4)
+        )
         sumi = sumi + d1 * F(sb)
     return h(x, 0) * sumi
 
@@ -140,8 +142,12 @@ def bv_q3_k(x, ys):  # ggml's lanes aux32[0..7] are partial integer sums: their 
             m <<= 1
     k1, k2 = 0x03030303, 0x0F0F0F0F
     a0, a1, tmp = u32(x, 96), u32(x, 100), u32(x, 104)
-    words = [(a0 & k2) | (((tmp >> 0) & k1) << 4), (a1 & k2) | (((tmp >> 2) & k1) << 4),
-             ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4)]
+    words = [
+        (a0 & k2) | (((tmp >> 0) & k1) << 4),
+        (a1 & k2) | (((tmp >> 2) & k1) << 4),
+        ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+        ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+    ]
     scales = [s8((w >> (8 * i)) & 0xFF) for w in words for i in range(4)]
     isum = sum((scales[j] - 32) * sum(q8[16 * j + l] * a[16 * j + l] for l in range(16)) for j in range(16))
     return (h(x, 108) * d8) * F(isum)
@@ -208,8 +214,10 @@ def bv_iq2_xxs(x, ys):
     for ib in range(8):
         a0, a1 = x[2 + 8 * ib : 6 + 8 * ib], u32(x, 6 + 8 * ib)
         ls = 2 * (a1 >> 28) + 1
-        s = sum(_grid_dot(G.IQ2XXS_GRID, a0[l], int(G.KSIGNS[(a1 >> 7 * l) & 127]), q8[32 * ib + 8 * l :])
-                for l in range(4))
+        s = sum(
+            _grid_dot(G.IQ2XXS_GRID, a0[l], int(G.KSIGNS[(a1 >> 7 * l) & 127]), q8[32 * ib + 8 * l :])
+            for l in range(4)
+        )
         bsum += s * ls
     return ((h(x, 0) * d8) * F(bsum)) * F(0.125)
 
@@ -254,7 +262,9 @@ def bv_iq3_xxs(x, ys):
             mask = int(G.KSIGNS[(aux >> 7 * l) & 127])
             g1, g2 = G.IQ3XXS_GRID[x[2 + 8 * ib + 2 * l]], G.IQ3XXS_GRID[x[2 + 8 * ib + 2 * l + 1]]
             y = q8[32 * ib + 8 * l :]
-            s += sum(int(g1[j]) * y[j] * sgn(mask, j) + int(g2[j]) * y[j + 4] * sgn(mask, j + 4) for j in range(4))
+            s += sum(
+                int(g1[j]) * y[j] * sgn(mask, j) + int(g2[j]) * y[j + 4] * sgn(mask, j + 4) for j in range(4)
+            )
         bsum += s * (2 * (aux >> 28) + 1)
     return ((h(x, 0) * d8) * F(bsum)) * F(0.25)
 
@@ -269,8 +279,11 @@ def bv_iq3_s(x, ys):
             i1 = x[2 + 8 * ib + 2 * l] | ((qh << (8 - 2 * l)) & 256)
             i2 = x[2 + 8 * ib + 2 * l + 1] | ((qh << (7 - 2 * l)) & 256)
             mask, y = int(x[74 + 4 * ib + l]), q8[32 * ib + 8 * l :]
-            s += sum(int(G.IQ3S_GRID[i1][j]) * y[j] * sgn(mask, j) + int(G.IQ3S_GRID[i2][j]) * y[j + 4] * sgn(mask, j + 4)
-                     for j in range(4))
+            s += sum(
+                int(G.IQ3S_GRID[i1][j]) * y[j] * sgn(mask, j)
+                + int(G.IQ3S_GRID[i2][j]) * y[j + 4] * sgn(mask, j + 4)
+                for j in range(4)
+            )
         bsum += s * ls
     return (h(x, 0) * d8) * F(bsum)
 
@@ -281,8 +294,11 @@ def bv_iq1_s(x, ys):
     for ib in range(8):
         qh = u16(x, 34 + 2 * ib)
         ls, delta = 2 * ((qh >> 12) & 7) + 1, (-1 if qh & 0x8000 else 1)
-        lsum = sum(int(G.IQ1S_GRID[x[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8)][j]) * q8[32 * ib + 8 * l + j]
-                   for l in range(4) for j in range(8))
+        lsum = sum(
+            int(G.IQ1S_GRID[x[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8)][j]) * q8[32 * ib + 8 * l + j]
+            for l in range(4)
+            for j in range(8)
+        )
         sumi += ls * lsum
         sumi1 += ls * delta * (bsums[2 * ib] + bsums[2 * ib + 1])
     return (h(x, 0) * d8) * (F(sumi) + F(0.125) * F(sumi1))
@@ -296,8 +312,12 @@ def bv_iq1_m(x, ys):
     sumi1 = sumi2 = 0
     for ib in range(8):
         qh = x[32 + 2 * ib : 34 + 2 * ib]
-        delta = [-1 if qh[0] & 0x08 else 1, -1 if qh[0] & 0x80 else 1, -1 if qh[1] & 0x08 else 1,
-                 -1 if qh[1] & 0x80 else 1]
+        delta = [
+            -1 if qh[0] & 0x08 else 1,
+            -1 if qh[0] & 0x80 else 1,
+            -1 if qh[1] & 0x08 else 1,
+            -1 if qh[1] & 0x80 else 1,
+        ]
         s1, s2 = [0, 0], [0, 0]
         for l in range(4):
             idx = x[4 * ib + l] | ((int(qh[l // 2]) << (8 - 4 * (l % 2))) & 0x700)
@@ -323,11 +343,29 @@ def units_iq4_xs(x, ys):  # ggml adds one value per 32-weight sub-block to the r
     return out
 
 
-BLOCK_VALUE = {"Q4_0": bv_q4_0, "Q4_1": bv_q4_1, "Q5_0": bv_q5_0, "Q5_1": bv_q5_1, "Q8_0": bv_q8_0,
-               "IQ4_NL": bv_iq4_nl, "MXFP4": bv_mxfp4, "Q2_0": bv_q2_0, "Q2_K": bv_q2_k, "Q3_K": bv_q3_k,
-               "Q4_K": bv_q4_k, "Q5_K": bv_q5_k, "Q6_K": bv_q6_k, "IQ2_XXS": bv_iq2_xxs, "IQ2_XS": bv_iq2_xs,
-               "IQ2_S": bv_iq2_s, "IQ3_XXS": bv_iq3_xxs, "IQ3_S": bv_iq3_s, "IQ1_S": bv_iq1_s, "IQ1_M": bv_iq1_m,
-               "IQ4_XS": lambda x, ys: units_iq4_xs(x, ys)}
+BLOCK_VALUE = {
+    "Q4_0": bv_q4_0,
+    "Q4_1": bv_q4_1,
+    "Q5_0": bv_q5_0,
+    "Q5_1": bv_q5_1,
+    "Q8_0": bv_q8_0,
+    "IQ4_NL": bv_iq4_nl,
+    "MXFP4": bv_mxfp4,
+    "Q2_0": bv_q2_0,
+    "Q2_K": bv_q2_k,
+    "Q3_K": bv_q3_k,
+    "Q4_K": bv_q4_k,
+    "Q5_K": bv_q5_k,
+    "Q6_K": bv_q6_k,
+    "IQ2_XXS": bv_iq2_xxs,
+    "IQ2_XS": bv_iq2_xs,
+    "IQ2_S": bv_iq2_s,
+    "IQ3_XXS": bv_iq3_xxs,
+    "IQ3_S": bv_iq3_s,
+    "IQ1_S": bv_iq1_s,
+    "IQ1_M": bv_iq1_m,
+    "IQ4_XS": lambda x, ys: units_iq4_xs(x, ys),
+}
 
 
 def scalar_dot(cls, w, a):
@@ -350,8 +388,13 @@ def scalar_float_dot(cls, w, a):
     act = Q.get(cls.vec_dot_type)
     wf = cls.dequantize(w.reshape(-1, cls.type_size)).reshape(w.shape[0], -1)
     af = act.dequantize(a.reshape(-1, act.type_size)).reshape(a.shape[0], -1)
-    return np.array([[F(sum(float(F(af[t, k] * wf[n, k])) for k in range(wf.shape[1]))) for n in range(len(wf))]
-                     for t in range(len(af))], F)
+    return np.array(
+        [
+            [F(sum(float(F(af[t, k] * wf[n, k])) for k in range(wf.shape[1]))) for n in range(len(wf))]
+            for t in range(len(af))
+        ],
+        F,
+    )
 
 
 WEIGHTS = [c for c in Q.registered() if c.weight]
@@ -361,8 +404,12 @@ def operands(cls, rng, t=3, n=3, blocks=2):
     """Weights: random valid blocks plus encoded Gaussian rows; activations: Gaussian rows with one zero row
     and one row with a single huge value, quantised to the vec_dot_type."""
     k = cls.block_size * blocks if cls.block_size > 1 else 64
-    w = np.concatenate([cls.random_blocks(rng, (n - 1) * (k // cls.block_size), 0.05),
-                        cls.quantize(rng.standard_normal((k // cls.block_size, cls.block_size)).astype(F))])
+    w = np.concatenate(
+        [
+            cls.random_blocks(rng, (n - 1) * (k // cls.block_size), 0.05),
+            cls.quantize(rng.standard_normal((k // cls.block_size, cls.block_size)).astype(F)),
+        ]
+    )
     x = rng.standard_normal((t, k)).astype(F)
     x[0] = 0
     x[1, 3] = 300.0
@@ -400,7 +447,9 @@ def test_vec_dot_close_to_float_path(cls):
         s_ = np.abs(a[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64))  # [T, B]
         tol = tol + 2.0**-10 * (s_ @ m.T)
     bad = np.abs(y - ref) > tol
-    assert not bad.any(), f"{cls.name}: |q8 - float| up to {np.abs(y - ref).max():.3g}, tol {tol[bad].min():.3g}"
+    assert (
+        not bad.any()
+    ), f"{cls.name}: |q8 - float| up to {np.abs(y - ref).max():.3g}, tol {tol[bad].min():.3g}"
 
 
 def test_q8_matmul_plumbing():
@@ -427,3 +476,19 @@ def test_row_sum_is_block_ordered_float32():
         a[0, blk, :2] = np.float16(dy).reshape(1, 1).view(np.uint8)
         w[0, blk, 2], a[0, blk, 2] = qw, qa
     assert Q.get(8).vec_dot(w, a)[0, 0] == F(2.0**24)
+
+
+def test_hand_built_q4_k_dot():
+    # weights: the Q4_K block of test_quants_formats HAND (sub-block values 0, 4, 3, 8, 5, 12, 7, 16; scales
+    # s + 1, codes 1/2, m0 = 2, d = 1, dmin = 0.5); activation: Q8_K d = 0.5, all qs 2 (every a = 1.0).
+    # isum = 64·(1 + 4 + 3 + 8 + 5 + 12 + 7 + 16) = 3584, summs = (32 + 32)·2 = 128,
+    # block value = (1·0.5)·3584 - (0.5·0.5)·128 = 1792 - 32 = 1760 = 32·55, the float-path sum
+    w = np.zeros((1, 1, 144), np.uint8)
+    w[0, 0, 0:4] = np.array([1.0, 0.5], np.float16).view(np.uint8)
+    w[0, 0, 4:16] = [1, 2, 3, 4, 2, 0, 0, 0, 5, 6, 7, 8]
+    w[0, 0, 16:] = 0x21
+    a = np.zeros((1, 1, 292), np.uint8)
+    a[0, 0, 0:4] = np.array([0.5], np.float32).view(np.uint8)
+    a[0, 0, 4:260] = 2
+    a[0, 0, 260:292] = np.full(16, 32, np.int16).view(np.uint8)
+    assert Q.get(12).vec_dot(w, a)[0, 0] == F(1760.0)

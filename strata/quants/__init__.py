@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.quants import act, floats, iq1, iq4, iquants, kquants, legacy, q2_0  # noqa: F401  (importing registers the classes)
+# importing the family modules registers their classes
+from strata.quants import act, floats, iq1, iq4, iquants, kquants, legacy, q2_0  # noqa: F401
 from strata.quants.base import QuantType, UnsupportedQuantType, get, registered, type_name
 
-__all__ = ["QuantType", "UnsupportedQuantType", "get", "registered", "type_name",
-           "dequantize", "quantize_rows", "quantize_act", "q8_matmul"]
+__all__ = [
+    "QuantType",
+    "UnsupportedQuantType",
+    "get",
+    "registered",
+    "type_name",
+    "dequantize",
+    "quantize_rows",
+    "quantize_act",
+    "q8_matmul",
+]
 
 
 def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -30,8 +40,10 @@ def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> np.ndarr
     n = int(np.prod(shape, dtype=np.int64))
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if n % cls.block_size or raw.size != n // cls.block_size * cls.type_size:
-        raise ValueError(f"{cls.name} tensor of shape {shape} needs {n // cls.block_size * cls.type_size} bytes "
-                         f"({cls.block_size} weights per {cls.type_size}-byte block), got {raw.size}")
+        raise ValueError(
+            f"{cls.name} tensor of shape {shape} needs {n // cls.block_size * cls.type_size} bytes "
+            f"({cls.block_size} weights per {cls.type_size}-byte block), got {raw.size}"
+        )
     return cls.dequantize(raw.reshape(-1, cls.type_size)).reshape(shape)
 
 

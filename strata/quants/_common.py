@@ -14,7 +14,9 @@ def as_blocks(cls, blocks: np.ndarray) -> np.ndarray:
     """Check a ``[B, S]`` uint8 block array for ``cls`` and return it C-contiguous."""
     blocks = np.asarray(blocks)
     if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] != cls.type_size:
-        raise ValueError(f"{cls.name}: expected uint8 blocks [B, {cls.type_size}], got {blocks.dtype} {blocks.shape}")
+        raise ValueError(
+            f"{cls.name}: expected uint8 blocks [B, {cls.type_size}], got {blocks.dtype} {blocks.shape}"
+        )
     return np.ascontiguousarray(blocks)
 
 
@@ -33,6 +35,11 @@ def put_f16(blocks: np.ndarray, off: int, values: np.ndarray) -> None:
     """Store float values as fp16 (round to nearest even, like ``GGML_FP32_TO_FP16``; too large -> inf)."""
     with np.errstate(over="ignore"):
         blocks[:, off : off + 2] = np.asarray(values, F32).astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def fill_f16(blocks: np.ndarray, off: int, d: float) -> None:
+    """Set the fp16 at byte ``off`` of every block to ``d`` (refused if fp16 cannot hold it)."""
+    blocks[:, off : off + 2] = np.frombuffer(f16_scale(d).tobytes(), np.uint8)
 
 
 def to_f16(x: np.ndarray) -> np.ndarray:
@@ -70,15 +77,15 @@ def bits_le(x: np.ndarray, n: int) -> np.ndarray:
 def int_dot(wq: np.ndarray, aq: np.ndarray) -> np.ndarray:
     """Exact integer dot per group: wq [N, B, G] int, aq [T, B, G] int -> [T, N, B] int64.
 
-    Computed as a float64 matmul: every operand, product and partial sum is an integer of magnitude below
-    2**53, so each float64 addition is exact and the result cannot depend on summation order or BLAS.
+    Integer ``einsum`` (its own C loops, no BLAS): int32 accumulation when the bound max|w|·max|a|·G allows
+    it (always, for ggml's formats), else int64. Integer sums are exact in any order.
     """
     assert wq.shape[1:] == aq.shape[1:], f"group shapes differ: {wq.shape} vs {aq.shape}"
-    bound = float(np.abs(wq).max(initial=0)) * float(np.abs(aq).max(initial=0)) * wq.shape[2]
-    assert bound < 2.0**53, "integer block sum could exceed float64's exact range"
-    w = np.ascontiguousarray(wq.transpose(1, 2, 0), dtype=np.float64)  # [B, G, N]
-    a = np.ascontiguousarray(aq.transpose(1, 0, 2), dtype=np.float64)  # [B, T, G]
-    return np.matmul(a, w).transpose(1, 2, 0).astype(np.int64)  # [T, N, B]
+    bound = int(np.abs(wq).max(initial=0)) * int(np.abs(aq).max(initial=0)) * wq.shape[2]
+    dt = np.int32 if bound < 2**31 else np.int64
+    w = np.ascontiguousarray(wq.transpose(1, 0, 2), dtype=dt)  # [B, N, G]
+    a = np.ascontiguousarray(aq.transpose(1, 0, 2), dtype=dt)  # [B, T, G]
+    return np.einsum("btg,bng->tnb", a, w).astype(np.int64)  # [T, N, B]
 
 
 def sum_blocks(bv: np.ndarray) -> np.ndarray:
@@ -106,13 +113,19 @@ def dot_operands(cls, w: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndar
     act = get(cls.vec_dot_type)
     w, a = np.asarray(w), np.asarray(a)
     if w.dtype != np.uint8 or w.ndim != 3 or w.shape[2] != cls.type_size:
-        raise ValueError(f"{cls.name}.vec_dot: weights must be uint8 [N, B, {cls.type_size}], got {w.dtype} {w.shape}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: weights must be uint8 [N, B, {cls.type_size}], got {w.dtype} {w.shape}"
+        )
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != act.type_size:
-        raise ValueError(f"{cls.name}.vec_dot: activations must be {act.name} uint8 [T, Ba, {act.type_size}], "
-                         f"got {a.dtype} {a.shape}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: activations must be {act.name} uint8 [T, Ba, {act.type_size}], "
+            f"got {a.dtype} {a.shape}"
+        )
     if w.shape[1] * cls.block_size != a.shape[1] * act.block_size:
-        raise ValueError(f"{cls.name}.vec_dot: weight rows hold {w.shape[1] * cls.block_size} values, "
-                         f"activation rows {a.shape[1] * act.block_size}")
+        raise ValueError(
+            f"{cls.name}.vec_dot: weight rows hold {w.shape[1] * cls.block_size} values, "
+            f"activation rows {a.shape[1] * act.block_size}"
+        )
     n, b, _ = w.shape
     t = a.shape[0]
     return w.reshape(n * b, -1), a.reshape(-1, act.type_size), n, b, t

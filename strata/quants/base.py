@@ -38,7 +38,9 @@ class QuantType:
         super().__init_subclass__(**kw)
         if qtype is None:  # an abstract family base
             return
-        assert qtype not in _REGISTRY, f"ggml type {qtype} registered twice ({_REGISTRY.get(qtype)} and {cls})"
+        assert (
+            qtype not in _REGISTRY
+        ), f"ggml type {qtype} registered twice ({_REGISTRY.get(qtype)} and {cls})"
         assert cls.block_size > 0 and cls.type_size > 0, f"{cls.__name__}: block geometry missing"
         cls.qtype = qtype
         _REGISTRY[qtype] = cls
@@ -74,7 +76,9 @@ class QuantType:
 
     @classmethod
     def row_bytes(cls, n: int) -> int:
-        assert n % cls.block_size == 0, f"{cls.name}: row of {n} is not a whole number of {cls.block_size}-blocks"
+        assert (
+            n % cls.block_size == 0
+        ), f"{cls.name}: row of {n} is not a whole number of {cls.block_size}-blocks"
         return n // cls.block_size * cls.type_size
 
 
@@ -89,8 +93,10 @@ def get(qtype: int) -> type[QuantType]:
     try:
         return _REGISTRY[int(qtype)]
     except KeyError:
-        raise UnsupportedQuantType(f"ggml type {type_name(qtype)} is not supported by Strata "
-                                   f"(supported: {', '.join(c.name for c in registered())})") from None
+        raise UnsupportedQuantType(
+            f"ggml type {type_name(qtype)} is not supported by Strata "
+            f"(supported: {', '.join(c.name for c in registered())})"
+        ) from None
 
 
 def registered() -> list[type[QuantType]]:

@@ -19,6 +19,7 @@ class _Float(QuantType):
     """Shared q8-path dot and random blocks of the float types; subclasses give the byte conversion."""
 
     _dtype: type = np.float32  # the numpy type the bytes hold
+    _bits: tuple[int, int, int] = (23, 8, 127)  # mantissa bits, exponent bits, exponent bias
 
     @classmethod
     def dequantize(cls, blocks):
@@ -30,14 +31,17 @@ class _Float(QuantType):
 
     @classmethod
     def _random(cls, rng, n_blocks, d):
-        # uniform on [-sqrt(3), sqrt(3)]·d has RMS d; float32 draws are the cheap path
-        with np.errstate(over="ignore"):
-            amp = _f32(np.sqrt(3.0) * d)
-            x = (rng.random(n_blocks, dtype=_f32) * _f32(2) - _f32(1)) * amp
-            blocks = cls.quantize(x.reshape(-1, 1))
-        if not (np.isfinite(amp) and np.isfinite(cls._to_f32(blocks)).all()):
+        # Built from random bits, no float arithmetic: random sign and mantissa, exponent e0 + (0..3) with
+        # 2^(e0 - bias) = 2^-2 · 2^round(log2 d), i.e. magnitudes in [2^-2, 2^2)·2^round(log2 d).
+        mbits, ebits, bias = cls._bits
+        e0 = bias - 2 + int(np.rint(np.log2(d)))
+        if not (1 <= e0 and e0 + 3 <= 2**ebits - 2):
             raise ValueError(f"scale {d:g} does not fit {cls.name}")
-        return blocks
+        utype = np.uint32 if cls.type_size == 4 else np.uint16
+        r = C.random_bytes(rng, n_blocks, cls.type_size).view(utype)
+        keep = utype((1 << mbits) - 1 | 1 << (cls.type_size * 8 - 1))  # mantissa and sign bits
+        r[:] = (r & keep) | ((utype(e0) + ((r >> utype(mbits)) & utype(3))) << utype(mbits))
+        return r.view(np.uint8)
 
     @classmethod
     def vec_dot(cls, w, a):
@@ -46,8 +50,14 @@ class _Float(QuantType):
         wf = cls._to_f32(w2).reshape(n, b)  # [N, K]
         af = get(cls.vec_dot_type)._to_f32(a2).reshape(t, b)  # [T, K]
         acc = np.zeros((t, n), np.float64)
-        for k in range(b):
-            acc += (af[:, k, None] * wf[None, :, k]).astype(np.float64)  # float32 product, exact widening
+        step = max(1, (1 << 20) // max(1, t * n))  # k-chunk: ~8 MB of float64 products at a time
+        for k0 in range(0, b, step):
+            p = (af.T[k0 : k0 + step, :, None] * wf.T[k0 : k0 + step, None, :]).astype(
+                np.float64
+            )  # [k, T, N]
+            p[0] += acc
+            # ufunc.accumulate is strictly sequential (r_i = r_{i-1} + p_i), unlike np.sum's pairwise sum
+            acc = np.add.accumulate(p, axis=0)[-1]
         return acc.astype(_f32)
 
 
@@ -72,6 +82,7 @@ class F16(_Float, qtype=1):
     type_size = 2
     vec_dot_type = 1
     _dtype = np.float16
+    _bits = (10, 5, 15)
 
     @classmethod
     def quantize(cls, x):
@@ -81,12 +92,13 @@ class F16(_Float, qtype=1):
 
 class BF16(_Float, qtype=30):
     """bfloat16, ``ggml_vec_dot_bf16``; float32 -> bf16 is ``ggml_compute_fp32_to_bf16`` (nearest even,
-    NaN made quiet). Encoder: ``gguf.quants.quantize`` (the same function)."""
+    NaN made quiet), byte-identical to ``gguf.quants.quantize`` (tested)."""
 
     name = "BF16"
     block_size = 1
     type_size = 2
     vec_dot_type = 30
+    _bits = (7, 8, 127)
 
     @classmethod
     def _to_f32(cls, blocks):
@@ -94,7 +106,8 @@ class BF16(_Float, qtype=30):
 
     @classmethod
     def quantize(cls, x):
-        import gguf
-
-        x = np.asarray(x, _f32).reshape(-1, 1)
-        return np.ascontiguousarray(gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16)).view(np.uint8)
+        u = np.ascontiguousarray(np.asarray(x, _f32).reshape(-1, 1)).view(np.uint32)
+        rounded = (u.astype(np.uint64) + (0x7FFF + ((u >> 16) & 1))) >> 16  # nearest, ties to even
+        quiet_nan = (u >> 16) | 64
+        h = np.where((u & 0x7FFFFFFF) > 0x7F800000, quiet_nan, rounded).astype(np.uint16)
+        return h.view(np.uint8)

@@ -81,7 +81,7 @@ class IQ1_S(QuantType, qtype=19):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -118,7 +118,10 @@ class IQ1_M(QuantType, qtype=29):
         dbits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0xF0) | ((sc[:, 2] >> 4) & 0xF00) | (sc[:, 3] & 0xF000)
         nib = np.stack([bl[:, 32:48] & 0xF, bl[:, 32:48] >> 4], axis=2).reshape(-1, 32)
         idx = bl[:, 0:32].astype(np.uint16) | ((nib & 7).astype(np.uint16) << 8)
-        ls = 2 * ((sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & 7).reshape(-1, 16).astype(np.int32) + 1
+        ls = (
+            2 * ((sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & 7).reshape(-1, 16).astype(np.int32)
+            + 1
+        )
         return dbits.astype(np.uint16).view(np.float16).astype(F32), idx, ls, (nib & 8) != 0
 
     @classmethod

@@ -70,7 +70,7 @@ class IQ4_NL(QuantType, qtype=20):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -120,13 +120,19 @@ class IQ4_XS(QuantType, qtype=23):
         ds = ds.reshape(b, 8)
         big = np.take_along_axis(ds, np.abs(ds).argmax(axis=1)[:, None], axis=1)[:, 0]
         d = C.to_f16(big / F32(-32))
-        ls = np.clip(C.nearest_int(np.divide(ds, d[:, None], out=np.zeros_like(ds), where=d[:, None] != 0)), -32, 31)
+        ls = np.clip(
+            C.nearest_int(np.divide(ds, d[:, None], out=np.zeros_like(ds), where=d[:, None] != 0)), -32, 31
+        )
         dl = np.repeat(d[:, None] * C.i2f(ls), 32, axis=1).reshape(b, 8, 32)
         codes = _nearest_kv(np.divide(x, dl, out=np.zeros_like(x), where=dl != 0))
         u = (ls + 32).astype(np.uint16)
         out = np.empty((b, cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
-        out[:, 2:4] = ((u >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1, dtype=np.uint16)[:, None].view(np.uint8)
+        out[:, 2:4] = (
+            ((u >> 4) << (2 * np.arange(8, dtype=np.uint16)))
+            .sum(axis=1, dtype=np.uint16)[:, None]
+            .view(np.uint8)
+        )
         out[:, 4:8] = ((u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)).astype(np.uint8)
         out[:, 8:] = _pack_nib(codes.reshape(-1, 32)).reshape(b, 128)
         return out
@@ -134,7 +140,7 @@ class IQ4_XS(QuantType, qtype=23):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

@@ -25,7 +25,9 @@ def nearest_grid(t: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarra
             diff = tt[:, j, None] - g[None, :, j]
             acc += diff * diff
         idx[s : s + _CHUNK] = acc.argmin(axis=1)
-        dist[s : s + _CHUNK] = np.take_along_axis(acc, idx[s : s + _CHUNK, None].astype(np.intp), axis=1)[:, 0]
+        dist[s : s + _CHUNK] = np.take_along_axis(acc, idx[s : s + _CHUNK, None].astype(np.intp), axis=1)[
+            :, 0
+        ]
     return idx, dist
 
 
@@ -49,7 +51,9 @@ def sign_bytes(neg: np.ndarray) -> np.ndarray:
     return np.packbits(neg.reshape(neg.shape[0], 32, 8), axis=2, bitorder="little")[..., 0]
 
 
-def affine_scale(s: np.ndarray, alpha: float, beta: float, lmax: int, to_f16) -> tuple[np.ndarray, np.ndarray]:
+def affine_scale(
+    s: np.ndarray, alpha: float, beta: float, lmax: int, to_f16
+) -> tuple[np.ndarray, np.ndarray]:
     """Sub-block scales s [B, S] >= 0 -> (d [B] as its fp16 value, l [B, S] in 0..lmax) so that
     d·(alpha·l + beta) ≈ s (the i-quants' 4-bit/3-bit sub-scale forms)."""
     d = to_f16(s.max(axis=1) / F32(alpha * lmax + beta))

@@ -36,7 +36,9 @@ IQ1S_GRID = _grid(_gq.IQ1_S, np.int8)  # [2048, 8], values -1, 0, 1
 # ksigns_iq2xs: 7 stored sign bits plus an 8th that makes the count of minus signs even
 KSIGNS = _ro(np.array([i | ((bin(i).count("1") & 1) << 7) for i in range(128)], np.uint8))
 
-KVALUES_IQ4NL = _ro(np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8))
+KVALUES_IQ4NL = _ro(
+    np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+)
 KVALUES_MXFP4 = _ro(np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8))  # 2·E2M1
 
 IQ1S_DELTA = np.float32(0.125)  # IQ1S_DELTA == IQ1M_DELTA in ggml-common.h

@@ -74,8 +74,9 @@ class _SignedGrid(QuantType):
         else:
             neg, mag = x < 0, np.abs(x)
         gmax = float(cls._grid.max())
-        d, ls = E.affine_scale(mag.reshape(b, -1, cls._sub).max(axis=2) / F32(gmax),
-                               cls._alpha, cls._beta, 15, C.to_f16)
+        d, ls = E.affine_scale(
+            mag.reshape(b, -1, cls._sub).max(axis=2) / F32(gmax), cls._alpha, cls._beta, 15, C.to_f16
+        )
         db = np.repeat(cls._db(d, ls), cls._sub, axis=1)
         t = np.divide(mag, db, out=np.zeros_like(mag), where=db != 0)
         idx, _ = E.nearest_grid(t.reshape(-1, cls._grid.shape[1]), cls._grid)
@@ -85,7 +86,7 @@ class _SignedGrid(QuantType):
     def _random(cls, rng, n_blocks, d):
         # every bit pattern is a valid grid index / sign code / scale: only d needs setting
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -108,7 +109,9 @@ def _ksign_parts(sidx: np.ndarray) -> np.ndarray:
 class IQ2_XXS(_SignedGrid, qtype=16):
     """``block_iq2_xxs``: fp16 d | 8 × (u32 a0, u32 a1) per 32 weights. a0's bytes are 4 indices into
     iq2xxs_grid (8 weights each); a1 = 4 × 7-bit ksigns indices | ls << 28.
-    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign. vec_dot tail 0.125f.
+    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_XXS"
@@ -130,7 +133,9 @@ class IQ2_XXS(_SignedGrid, qtype=16):
     def _pack(cls, d, idx, neg, ls):
         b = d.shape[0]
         sidx = (E.sign_bytes(neg) & 127).astype(np.uint32).reshape(b, 8, 4)
-        a1 = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (ls.astype(np.uint32) << 28)
+        a1 = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (
+            ls.astype(np.uint32) << 28
+        )
         out = np.empty((b, cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         body = out[:, 2:].reshape(b, 8, 8)
@@ -142,7 +147,9 @@ class IQ2_XXS(_SignedGrid, qtype=16):
 class IQ2_XS(_SignedGrid, qtype=17):
     """``block_iq2_xs``: fp16 d | u16 qs[32] | scales[8]. qs_k = index into iq2xs_grid (9 bits) | ksigns
     index << 9; the 4-bit scale of sub-block s (16 weights) is nibble s % 2 of scales[s // 2].
-    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign. vec_dot tail 0.125f.
+    db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_XS"
@@ -169,7 +176,9 @@ class IQ2_XS(_SignedGrid, qtype=17):
 class IQ2_S(_SignedGrid, qtype=22):
     """``block_iq2_s``: fp16 d | qs[32] | signs[32] | qh[8] | scales[8]. Index k into iq2s_grid (10 bits) =
     qs[k] | ((qh[k // 4] >> 2(k % 4)) & 3) << 8; bit j of signs[k] is the sign of weight 8k + j; scales as
-    IQ2_XS. db = (d·(0.5f + f(ls)))·0.25f. vec_dot tail 0.125f.
+    IQ2_XS. db = (d·(0.5f + f(ls)))·0.25f; weight = (db·f(grid))·sign.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.125f.
     """
 
     name = "IQ2_S"
@@ -180,7 +189,11 @@ class IQ2_S(_SignedGrid, qtype=22):
     def _parts(cls, bl):
         hi = (bl[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # [B, 8, 4]
         idx = bl[:, 2:34].astype(np.uint16) | (hi.reshape(-1, 32).astype(np.uint16) << 8)
-        return idx, C.bits_le(bl[:, 34:66], 8).reshape(-1, 256).astype(bool), _nib2(bl[:, 74:82]).astype(np.int32)
+        return (
+            idx,
+            C.bits_le(bl[:, 34:66], 8).reshape(-1, 256).astype(bool),
+            _nib2(bl[:, 74:82]).astype(np.int32),
+        )
 
     _db = IQ2_XXS._db
 
@@ -198,7 +211,9 @@ class IQ2_S(_SignedGrid, qtype=22):
 
 class IQ3_XXS(_SignedGrid, qtype=18):
     """``block_iq3_xxs``: fp16 d | qs[64] (indices into iq3xxs_grid, 4 weights each) | u32 aux[8] per 32
-    weights = 4 × 7-bit ksigns indices | ls << 28. db = (d·(0.5f + f(ls)))·0.5f. vec_dot tail 0.25f.
+    weights = 4 × 7-bit ksigns indices | ls << 28. db = (d·(0.5f + f(ls)))·0.5f.
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact);
+    block value = ((d·d_a)·f(bsum))·0.25f.
     """
 
     name = "IQ3_XXS"
@@ -219,7 +234,9 @@ class IQ3_XXS(_SignedGrid, qtype=18):
     def _pack(cls, d, idx, neg, ls):
         b = d.shape[0]
         sidx = (E.sign_bytes(neg) & 127).astype(np.uint32).reshape(b, 8, 4)
-        aux = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (ls.astype(np.uint32) << 28)
+        aux = (sidx << np.array([0, 7, 14, 21], np.uint32)).sum(axis=2, dtype=np.uint32) | (
+            ls.astype(np.uint32) << 28
+        )
         out = np.empty((b, cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         out[:, 2:66] = idx.astype(np.uint8)
@@ -230,7 +247,8 @@ class IQ3_XXS(_SignedGrid, qtype=18):
 class IQ3_S(_SignedGrid, qtype=21):
     """``block_iq3_s``: fp16 d | qs[64] | qh[8] | signs[32] | scales[4]. Index k into iq3s_grid (9 bits) =
     qs[k] | bit (k % 8) of qh[k // 8] << 8; signs as IQ2_S; the scale of sub-block s (32 weights) is nibble
-    s % 2 of scales[s // 2]. db = d·f(1 + 2·ls); no tail.
+    s % 2 of scales[s // 2]. db = d·f(1 + 2·ls).
+    vec_dot: bsum = Σ_w (2·ls + 1)·grid·sign·a_q (exact); block value = (d·d_a)·f(bsum).
     """
 
     name = "IQ3_S"
@@ -241,7 +259,11 @@ class IQ3_S(_SignedGrid, qtype=21):
     def _parts(cls, bl):
         hi = C.bits_le(bl[:, 66:74], 8).reshape(-1, 64)
         idx = bl[:, 2:66].astype(np.uint16) | (hi.astype(np.uint16) << 8)
-        return idx, C.bits_le(bl[:, 74:106], 8).reshape(-1, 256).astype(bool), _nib2(bl[:, 106:110]).astype(np.int32)
+        return (
+            idx,
+            C.bits_le(bl[:, 74:106], 8).reshape(-1, 256).astype(bool),
+            _nib2(bl[:, 106:110]).astype(np.int32),
+        )
 
     @classmethod
     def _db(cls, d, ls):
@@ -252,7 +274,9 @@ class IQ3_S(_SignedGrid, qtype=21):
         out = np.empty((d.shape[0], cls.type_size), np.uint8)
         C.put_f16(out, 0, d)
         out[:, 2:66] = (idx & 0xFF).astype(np.uint8)
-        out[:, 66:74] = np.packbits(((idx >> 8) & 1).astype(np.uint8).reshape(-1, 8, 8), axis=2, bitorder="little")[..., 0]
+        out[:, 66:74] = np.packbits(
+            ((idx >> 8) & 1).astype(np.uint8).reshape(-1, 8, 8), axis=2, bitorder="little"
+        )[..., 0]
         out[:, 74:106] = E.sign_bytes(neg)
         out[:, 106:110] = (ls[:, 0::2] | (ls[:, 1::2] << 4)).astype(np.uint8)
         return out

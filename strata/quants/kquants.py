@@ -39,8 +39,14 @@ def _scale_min_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _pack_scale_min_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     sc, m = sc.astype(np.uint8), m.astype(np.uint8)
-    return np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
-                           (sc[:, 4:] & 0xF) | ((m[:, 4:] & 0xF) << 4)], axis=1)
+    return np.concatenate(
+        [
+            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+            m[:, :4] | ((m[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0xF) | ((m[:, 4:] & 0xF) << 4),
+        ],
+        axis=1,
+    )
 
 
 # Q3_K: 16 scales of 6 bits (stored +32) in 12 bytes; scale i has
@@ -90,9 +96,8 @@ def _symmetric(x: np.ndarray, qmin: int, qmax: int, smin: int, smax: int):
 
 def _random_k(cls, rng, n_blocks, d, offsets):
     blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-    h = np.full(n_blocks, C.f16_scale(d))
     for off in offsets:
-        C.put_f16(blocks, off, h)
+        C.fill_f16(blocks, off, d)
     return blocks
 
 
@@ -192,7 +197,9 @@ class Q3_K(QuantType, qtype=11):
         out = np.empty((x.shape[0], cls.type_size), np.uint8)
         low, high = u & 3, u >> 2
         out[:, 0:32] = sum(high[:, n, j] << (4 * n + j) for n in range(2) for j in range(4))
-        out[:, 32:96] = (low[:, :, 0] | low[:, :, 1] << 2 | low[:, :, 2] << 4 | low[:, :, 3] << 6).reshape(-1, 64)
+        out[:, 32:96] = (low[:, :, 0] | low[:, :, 1] << 2 | low[:, :, 2] << 4 | low[:, :, 3] << 6).reshape(
+            -1, 64
+        )
         out[:, 96:108] = _pack_scales_q3(sc)
         C.put_f16(out, 108, d)
         return out
@@ -211,7 +218,7 @@ class Q3_K(QuantType, qtype=11):
 
 
 class _Q45K(QuantType):
-    """Shared by Q4_K and Q5_K: fp16 d | fp16 dmin | scales[12] (8 scales sc, 8 mins m, 6 bits each) | codes.
+    """Q4_K and Q5_K: scales[12] holds 8 scales sc and 8 mins m of 6 bits (get_scale_min_k4).
     Sub-block s = w // 32; weight = (d·f(sc_s))·f(code) − dmin·f(m_s) (``dequantize_row_q4_K/q5_K``).
 
     vec_dot: isum = Σ_w sc_s·code·a_q, summs = Σ_{j<16} bsums_j·m_{j//2} (exact);
@@ -267,8 +274,9 @@ class Q4_K(_Q45K, qtype=12):
 
     @classmethod
     def _codes(cls, bl):
-        return ((bl[:, 16:144].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0xF
-                ).reshape(-1, 256)
+        return (
+            (bl[:, 16:144].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0xF
+        ).reshape(-1, 256)
 
     @classmethod
     def _put_codes(cls, out, c):  # c [B, g, h, l]
@@ -332,8 +340,9 @@ class Q6_K(QuantType, qtype=14):
         out = np.empty((x.shape[0], cls.type_size), np.uint8)
         ql = np.stack([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
         out[:, 0:128] = ql.reshape(-1, 128)
-        out[:, 128:192] = (high[:, :, 0] | high[:, :, 1] << 2 | high[:, :, 2] << 4 | high[:, :, 3] << 6
-                           ).reshape(-1, 64)
+        out[:, 128:192] = (
+            high[:, :, 0] | high[:, :, 1] << 2 | high[:, :, 2] << 4 | high[:, :, 3] << 6
+        ).reshape(-1, 64)
         out[:, 192:208] = sc.astype(np.int8).view(np.uint8)
         C.put_f16(out, 208, d)
         return out

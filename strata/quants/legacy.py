@@ -57,7 +57,7 @@ class Q4_0(QuantType, qtype=2):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -98,8 +98,8 @@ class Q4_1(QuantType, qtype=3):
     def _random(cls, rng, n_blocks, d):
         # m = -7.5·d centres the codes 0..15 on zero
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
-        C.put_f16(blocks, 2, np.full(n_blocks, C.f16_scale(-7.5 * d)))
+        C.fill_f16(blocks, 0, d)
+        C.fill_f16(blocks, 2, -7.5 * d)
         return blocks
 
     @classmethod
@@ -134,7 +134,7 @@ class Q5_0(QuantType, qtype=6):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod
@@ -173,8 +173,8 @@ class Q5_1(QuantType, qtype=7):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
-        C.put_f16(blocks, 2, np.full(n_blocks, C.f16_scale(-15.5 * d)))
+        C.fill_f16(blocks, 0, d)
+        C.fill_f16(blocks, 2, -15.5 * d)
         return blocks
 
     @classmethod
@@ -207,7 +207,7 @@ class Q8_0(QuantType, qtype=8):
     @classmethod
     def _random(cls, rng, n_blocks, d):
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

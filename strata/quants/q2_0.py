@@ -14,6 +14,8 @@ from strata.quants import act
 from strata.quants.base import QuantType
 
 F32 = np.float32
+
+
 class Q2_0(QuantType, qtype=42):
     """``block_q2_0``: fp16 d | qs[16] (``dequantize_row_q2_0``).
 
@@ -54,7 +56,7 @@ class Q2_0(QuantType, qtype=42):
         # codes in 0..2 only, like ggml's quantiser: random codes with each 3 turned into a 2 (clear its low bit)
         blocks = C.random_bytes(rng, n_blocks, cls.type_size)
         blocks ^= blocks & (blocks >> 1) & 0x55
-        C.put_f16(blocks, 0, np.full(n_blocks, C.f16_scale(d)))
+        C.fill_f16(blocks, 0, d)
         return blocks
 
     @classmethod

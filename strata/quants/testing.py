@@ -35,9 +35,11 @@ def diff_report(ours: np.ndarray, ref: np.ndarray, block: int, what: str = "", s
         err = np.abs(fo - fr)
     blk_err = np.concatenate([np.nan_to_num(err, nan=np.inf), np.zeros(pad)]).reshape(nblk, block).max(axis=1)
     worst = int(bad[np.argmax(blk_err[bad])])
-    lines = [f"{what}: {bad.size} of {nblk} blocks differ, {int(nbits.sum())} bits in {int((nbits > 0).sum())} "
-             f"values; bad blocks {bad[:8].tolist()}{' ...' if bad.size > 8 else ''}; worst block {worst} "
-             f"(max |diff| {blk_err[worst]:.6g})"]
+    lines = [
+        f"{what}: {bad.size} of {nblk} blocks differ, {int(nbits.sum())} bits in {int((nbits > 0).sum())} "
+        f"values; bad blocks {bad[:8].tolist()}{' ...' if bad.size > 8 else ''}; worst block {worst} "
+        f"(max |diff| {blk_err[worst]:.6g})"
+    ]
     s = slice(worst * block, min((worst + 1) * block, bo.size))
     idx = np.flatnonzero(nbits[s])[:show]
     for i in idx:
