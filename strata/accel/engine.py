@@ -14,11 +14,11 @@ import numpy as np
 
 from strata import policy
 from strata.accel.arena import Arena
-from strata.accel.buffers import Carver, carve
+from strata.accel.buffers import Carver, attn_scratch_bytes, carve
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
 from strata.accel.gpu.kernels import BlobRef
-from strata.accel.memplan import ATTN_SCRATCH, GROUP, MAXT, MemoryPlan, plan_memory
+from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
 from strata.accel.moe import GROUP_RESIDENT, ExpertRunner, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
@@ -35,6 +35,7 @@ class Stats:
     ttft_s: float = 0.0
     streamed_bytes: int = 0
     streamed_experts: int = 0
+    sync_wait_s: float = 0.0   # host time blocked in routing syncs (the rest of a step is host work)
     lookups: int = 0           # routed (layer, expert) pairs during decode
     hits: int = 0              # of which resident
     chunks: list = field(default_factory=list)
@@ -48,7 +49,7 @@ class GpuEngine:
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
-                 log=None):
+                 log=None, arena: Arena | None = None):
         self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
         self.config = config or policy.Config()
         self.share = self.config.share(qualifies=False)      # the CPU share comes with the pool (issue 8)
@@ -59,7 +60,7 @@ class GpuEngine:
                                             lend_pct=self.config.lend_pct)
         for line in self.plan.lines():
             self.log(line)
-        self.arena = Arena(model, dev, log=log)
+        self.arena = arena or Arena(model, dev, log=log)          # engines of one model may share an arena
         self.weights = DenseWeights(model, dev, log=log)
         c = self.cfg
         self.kv = [(dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16),
@@ -70,7 +71,7 @@ class GpuEngine:
         self.log(f"cache: {n} of {c.n_layer * c.n_expert} experts resident "
                  f"({'profile' if profile_order else 'uniform'} order), {p.cache_slots} slots")
         # decode-only resources: their own step buffers and an 8-slot ring
-        self.dbufs = carve(c, MAXT, GROUP, ATTN_SCRATCH, Carver(dev))
+        self.dbufs = carve(c, MAXT, GROUP, attn_scratch_bytes(c, MAXT, n_ctx), Carver(dev))
         self.dring = Ring(dev, dev.empty((ROUTED_ONLY_RING, p.slot_bytes), np.uint8))
         self.prompt_region = None
         if p.owned_prompt:
@@ -118,6 +119,7 @@ class GpuEngine:
         tokens = list(tokens)
         assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
         t0 = time.perf_counter()
+        self.cache.poll()                            # experts whose copies have landed are resident now
         self._runner = ExpertRunner(self.dev, self.cfg, self.types, self.dbufs)
         self._ring, self._walk = self.dring, None
         logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
@@ -126,9 +128,11 @@ class GpuEngine:
         return logits
 
     def _lend(self):
+        self.cache.poll()
         if self.plan.owned_prompt:
             return self.prompt_region
         self.dev.synchronize()                       # nothing may still read the slots about to be lent
+        self.cache.poll()                            # so every refill of the last prompt has landed
         return self.cache.lend(self.plan.loan_slots)
 
     def _give_back(self):
@@ -141,7 +145,7 @@ class GpuEngine:
     def _prompt_chunk(self, tokens, region, all_logits):
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs = carve(c, p.chunk, GROUP, ATTN_SCRATCH, carver)
+        bufs = carve(c, p.chunk, GROUP, attn_scratch_bytes(c, p.chunk, self.n_ctx), carver)
         ring = Ring(self.dev, carver.take((p.ring, p.slot_bytes), np.uint8))
         walk = walk_for(self.config, self.share, len(tokens), p.ring)
         self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.types, bufs), ring, None
@@ -186,7 +190,9 @@ class GpuEngine:
         bufs = self._runner.bufs
         dev.d2h(self.ids_host[:T * K], ids_dev, s)
         self.sync_ev.record(s)
+        t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
+        self.stats.sync_wait_s += time.perf_counter() - t_sync
         ids = self.ids_host[:T * K].reshape(T, K).copy()
         if self.on_routing:
             self.on_routing(layer, ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata import policy
-from strata.accel.buffers import layout_bytes, temp_bytes
+from strata.accel.buffers import attn_scratch_bytes, layout_bytes, temp_bytes
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
 from strata.policy.plan import GRID, PLANNERS, LoanRequest, PlanError, PlannerKind
@@ -16,7 +16,6 @@ from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots
 
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
-ATTN_SCRATCH = 64 * MIB        # score scratch of the blocked attention (queries are blocked to fit it)
 GROUP = 16                     # experts per launch group
 
 
@@ -59,7 +58,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     n_pairs = cfg.n_layer * cfg.n_expert
     dense, kv = dense_bytes(model), kv_bytes(cfg, n_ctx)
     ceiling = chunk or max(GRID, min(8192, n_ctx) // GRID * GRID)     # a fixed chunk may be off the grid
-    decode = layout_bytes(cfg, MAXT, GROUP, ATTN_SCRATCH) + ROUTED_ONLY_RING * slot
+    decode = layout_bytes(cfg, MAXT, GROUP, attn_scratch_bytes(cfg, MAXT, n_ctx)) + ROUTED_ONLY_RING * slot
     temps = temp_bytes(cfg, ceiling)     # the dense ops' step temporaries come from the memory pool
     fixed = dense + kv + decode + temps
     avail = budget - fixed
@@ -72,7 +71,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     ring = ring_budget_slots(slot)
 
     def prompt_bytes(t: int) -> int:
-        return layout_bytes(cfg, t, GROUP, ATTN_SCRATCH)
+        return layout_bytes(cfg, t, GROUP, attn_scratch_bytes(cfg, t, n_ctx))
 
     # the cache asked for (all experts by default) and the prompt path's own buffers beside it: no loan needed
     want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs

@@ -1,0 +1,145 @@
+"""Prompt and decode speed of the GPU engine with a quarter-size expert cache, beside the PCIe floor and the
+all-resident engine (accel GPU issue, item 6).
+
+python bench/prefill.py --model X.gguf [--cache-frac 0.25] [--prompts 250,600,900,2048,8192] [--rounds 3]
+                        [--decode 32] [--json out.json]
+
+Per round, for each prompt length, the quarter-cache engine and the all-resident engine run one after the other
+(interleaved); medians over rounds. The PCIe floor of a run = bytes it streamed ÷ pinned H2D bandwidth measured
+in this run at the model's blob size. The decode bound = missed expert bytes per token ÷ host memory bandwidth
+measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def h2d_gbps(dev, nbytes: int, reps: int = 64) -> float:
+    host = dev.pinned(nbytes)
+    buf = dev.empty((nbytes,), np.uint8)
+    e0, e1 = dev.event(), dev.event()
+    e0.record(dev.copy)
+    for _ in range(reps):
+        dev.h2d(buf, host, dev.copy)
+    e1.record(dev.copy)
+    e1.synchronize()
+    return nbytes * reps / (e0.elapsed_ms(e1) / 1e3) / 1e9
+
+
+def host_gbps(threads: int) -> float:
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from hw_probe import host_bandwidth
+
+    return host_bandwidth(threads)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--cache-frac", type=float, default=0.25)
+    ap.add_argument("--prompts", default="250,600,900,2048,8192")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--json")
+    ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
+    a = ap.parse_args()
+    from strata import models, policy
+    from strata.accel.arena import Arena
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import plan_memory
+
+    lengths = [int(x) for x in a.prompts.split(",")]
+    m = models.load(a.model)
+    c = m.cfg
+    if a.device == "host":
+        from strata.accel.device.host import HostDevice
+
+        dev = HostDevice()
+    else:
+        dev = CudaDevice()
+    log = lambda s: print(s, file=sys.stderr)
+    n_ctx = max(lengths) + a.decode + 8
+    full = plan_memory(m, dev.free_bytes(), n_ctx=n_ctx)
+    quarter = int(a.cache_frac * c.n_layer * c.n_expert)
+    # the budget that holds the quarter cache: what every other part of the plan needs, plus those slots
+    fixed = full.dense + full.kv + full.decode + 700 * 2**20
+    budget = fixed + quarter * full.slot_bytes
+    arena = Arena(m, dev, log=log)
+    cfg = policy.from_process()
+    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena)
+    er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena)
+    bw = h2d_gbps(dev, full.slot_bytes)
+    hbw = host_gbps(16)
+    log(f"bench: pinned H2D at {full.slot_bytes / 2**20:.2f} MiB copies {bw:.1f} GB/s; host read {hbw:.1f} GB/s")
+    rng = np.random.default_rng(0)
+    res = {L: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
+           for L in lengths}
+    for eng in (eq, er):                                      # warm-up: kernels compiled, pools filled
+        eng.reset()
+        eng.prefill(rng.integers(0, c.n_vocab, 300).tolist())
+    for r in range(a.rounds):
+        for L in lengths:
+            ids = rng.integers(0, c.n_vocab, L).tolist()
+            for name, eng in (("quarter", eq), ("resident", er)):
+                eng.reset()
+                b0, w0 = eng.stats.streamed_bytes, eng.stats.sync_wait_s
+                t0 = time.perf_counter()
+                eng.prefill(ids)
+                dt = time.perf_counter() - t0
+                res[L][f"{name}_ms"].append(dt * 1e3)
+                if name == "quarter":
+                    nb = eng.stats.streamed_bytes - b0
+                    res[L]["streamed_mb"].append(nb / 1e6)
+                    res[L]["floor_ms"].append(nb / (bw * 1e9) * 1e3)
+                    res[L]["sync_ms"].append((eng.stats.sync_wait_s - w0) * 1e3)
+            log(f"round {r} {L} tokens: quarter {res[L]['quarter_ms'][-1]:.0f} ms (host blocked in routing syncs "
+                f"{res[L]['sync_ms'][-1]:.0f} ms), resident {res[L]['resident_ms'][-1]:.0f} ms, "
+                f"floor {res[L]['floor_ms'][-1]:.0f} ms")
+    dec = {}
+    for name, eng in (("quarter", eq), ("resident", er)):
+        eng.reset()
+        eng.prefill(rng.integers(0, c.n_vocab, 64).tolist())
+        s0 = (eng.stats.decode_tokens, eng.stats.decode_s, eng.stats.lookups, eng.stats.hits)
+        t = int(rng.integers(0, c.n_vocab))
+        for _ in range(a.decode):
+            t = int(np.argmax(eng.decode([t])[-1]))
+        n = eng.stats.decode_tokens - s0[0]
+        secs = eng.stats.decode_s - s0[1]
+        misses = (eng.stats.lookups - s0[2]) - (eng.stats.hits - s0[3])
+        miss_bytes = misses * full.slot_bytes / n
+        dec[name] = {"tok_s": n / secs, "missed_mb_per_token": miss_bytes / 1e6,
+                     "bound_tok_s": hbw * 1e9 / miss_bytes if miss_bytes else None}
+    print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {full.slot_bytes / 2**20:.2f} MiB; "
+          f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
+          f"{eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; medians of {a.rounds} rounds")
+    print(f"{'tokens':>7} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} {'tok/s q':>8} "
+          f"{'streamed MB':>12}")
+    table = {}
+    for L in lengths:
+        q = statistics.median(res[L]["quarter_ms"])
+        f = statistics.median(res[L]["floor_ms"])
+        rr = statistics.median(res[L]["resident_ms"])
+        table[L] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr,
+                    "streamed_mb": statistics.median(res[L]["streamed_mb"])}
+        print(f"{L:7d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} {L / q * 1e3:8.0f} "
+              f"{table[L]['streamed_mb']:12.0f}")
+    for name, d in dec.items():
+        b = d["bound_tok_s"]
+        print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token"
+              + (f"; host-bandwidth bound {b:.1f} tok/s ({d['tok_s'] / b:.2f} of it)" if b else ""))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"model": a.model, "h2d_gbps": bw, "host_gbps": hbw, "prefill": table, "decode": dec,
+                       "raw": res}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
