@@ -93,8 +93,8 @@ class DeviceOps:
     def embed(self, name: str, ids):
         T = len(ids)
         self.embd_done.synchronize()            # the previous step's upload has left the staging buffer
-        for i, t in enumerate(ids):
-            self.embd_host[i] = weight_rows(self.embd_view, self.embd_type, int(t), int(t) + 1, self.cfg.n_embd)[0]
+        rows = self.embd_view[np.asarray(ids, np.int64)]                      # [T, row bytes] (or typed rows)
+        self.embd_host[:T] = weight_rows(rows, self.embd_type, 0, T, self.cfg.n_embd)
         x = self.bufs.x[:T]
         self.dev.h2d(x, self.embd_host[:T], self.dev.compute)
         self.embd_done.record(self.dev.compute)

@@ -230,14 +230,9 @@ class GpuEngine:
 
     def _stream_group(self, layer, lay, walk: Walk, grp: list[int]) -> None:
         walk.ensure_issued(grp[-1])
-        refs = [self._ring.acquire(walk.slot(kq)) for kq in grp]
+        refs = self._ring.acquire([walk.slot(kq) for kq in grp])
         members = [walk.entries[kq][1] for kq in grp]
-
-        def released():
-            for kq in grp:
-                walk.consume(kq)
-
-        self._runner.group(layer, members, refs, lay, on_released=released)
+        self._runner.group(layer, members, refs, lay, on_released=lambda: walk.consume(grp))
 
     def _stream_routed_only(self, layer, lay):
         """Routed-only walk: this layer's streamed experts in id order through the 8-slot ring, 8 copies ahead."""
@@ -254,8 +249,14 @@ class GpuEngine:
         rng = self._layer_entries.get(layer, range(0))
         groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed], min(GROUP, self._ring.n // 2))
         last = {g[-1]: g for g in groups}
+        unrouted = []
         for kq in rng:
             if walk.entries[kq][1] not in routed:
-                walk.consume(kq)
+                unrouted.append(kq)
             elif kq in last:
+                if unrouted:                       # release the unrouted entries the walk has passed
+                    walk.consume(unrouted)
+                    unrouted = []
                 self._stream_group(layer, lay, walk, last[kq])
+        if unrouted:
+            walk.consume(unrouted)

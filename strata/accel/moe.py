@@ -82,18 +82,19 @@ class ExpertRunner:
         D, F, n = self.cfg.n_embd, self.cfg.n_ff_exp, len(members)
         tg, tu, td = self.types[layer]
         gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
+        tiles = tiles_for(members, lay)
+        t_gate, t_up, t_down, td_dev = k.upload_many([k.blob_table(refs, 0), k.blob_table(refs, gb),
+                                                      k.blob_table(refs, gb + ub), tiles], s)   # one copy
         if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type
-            k.dequant(b.w_gu[:n], k.upload(k.blob_table(refs, 0), s), tg, 2 * F, D, s)
+            k.dequant(b.w_gu[:n], t_gate, tg, 2 * F, D, s)
         else:
-            k.dequant(b.w_gu[:n, :F], k.upload(k.blob_table(refs, 0), s), tg, F, D, s)
-            k.dequant(b.w_gu[:n, F:], k.upload(k.blob_table(refs, gb), s), tu, F, D, s)
-        k.dequant(b.w_d[:n], k.upload(k.blob_table(refs, gb + ub), s), td, D, F, s)
+            k.dequant(b.w_gu[:n, :F], t_gate, tg, F, D, s)
+            k.dequant(b.w_gu[:n, F:], t_up, tu, F, D, s)
+        k.dequant(b.w_d[:n], t_down, td, D, F, s)
         if on_released:
             on_released()
-        tiles = tiles_for(members, lay)
         r0 = lay.off[members[0]]
         r1 = lay.off[members[-1]] + int(lay.cnt[members[-1]])
-        td_dev = k.upload(tiles, s)
         k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, len(tiles), s)       # GU[rows] = Xg[rows] · Wgu[g]ᵀ
         k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
         k.gemm_grouped(b.dm, b.hh, b.w_d, td_dev, len(tiles), s)          # Dm[rows] = H[rows] · Wdᵀ

@@ -21,25 +21,34 @@ class Ring:
         self.dev, self.buf = dev, buf                              # buf: device uint8 [R, slot_bytes]
         self.n = buf.shape[0]
         self.copied = [dev.event() for _ in range(self.n)]
-        self.used = [dev.event() for _ in range(self.n)]
+        self.used = [None] * self.n          # the event that frees slot i (one event may free a whole group)
+        self._waited = None                  # the last `used` event the copy stream waits for (skip repeats)
         self.bytes_in = 0
         self.copies = 0
 
     def issue(self, i: int, blob: np.ndarray) -> None:
         """Copy `blob` (pinned) into slot i once its last reader is done."""
-        self.dev.copy.wait(self.used[i])
+        used = self.used[i]
+        if used is not None and used is not self._waited:
+            self.dev.copy.wait(used)
+            self._waited = used
         self.dev.h2d(self.buf[i, :blob.nbytes], blob, self.dev.copy)
         self.copied[i].record(self.dev.copy)
         self.bytes_in += blob.nbytes
         self.copies += 1
 
-    def acquire(self, i: int) -> BlobRef:
-        """Make later compute wait for slot i's copy; the blob's device reference."""
-        self.dev.compute.wait(self.copied[i])
-        return BlobRef(self.buf, i)
+    def acquire(self, slots: list[int]) -> list[BlobRef]:
+        """Make later compute wait for the copies into `slots`, issued in this order: the copy stream runs in
+        order, so waiting for the last one covers them all."""
+        self.dev.compute.wait(self.copied[slots[-1]])
+        return [BlobRef(self.buf, i) for i in slots]
 
-    def release(self, i: int) -> None:
-        self.used[i].record(self.dev.compute)
+    def release(self, slots: list[int]) -> None:
+        """The kernels that read `slots` are enqueued: one event frees them all."""
+        ev = self.dev.event()
+        ev.record(self.dev.compute)
+        for i in slots:
+            self.used[i] = ev
 
 
 class Walk:
@@ -108,12 +117,12 @@ class Walk:
                 self._issue_one(self.issued)
                 self.issued += 1
 
-    def consume(self, k: int) -> None:
-        """Entry k's readers are enqueued (or it was not routed): free its slot for entry k + R."""
-        assert not self._done[k], f"entry {k} consumed twice"
-        self.ring.release(self.slot(k))
+    def consume(self, ks: list[int]) -> None:
+        """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""
+        assert not self._done[ks].any(), f"an entry of {ks} consumed twice"
+        self.ring.release([self.slot(k) for k in ks])
         with self._cv:
-            self._done[k] = True
+            self._done[ks] = True
             while self._done[self.consumed]:
                 self.consumed += 1
             self._cv.notify_all()

@@ -6,6 +6,7 @@ Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6
 
 from __future__ import annotations
 
+import collections
 import pathlib
 
 import numpy as np
@@ -22,36 +23,34 @@ STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 
 
 class _Staging:
-    """A pinned ring for small host tables: each upload copies into the next free bytes; a region is reused
-    only after the copy that read it has completed (its event)."""
+    """A pinned ring for small host tables. Uploads take consecutive bytes; a region is written again only once
+    the copy that last read it has completed (the oldest in-flight uploads are checked first, in ring order)."""
 
     def __init__(self, dev, nbytes: int):
         self.dev, self.buf, self.pos = dev, dev.pinned(nbytes), 0
-        self.inflight: list[tuple[int, int, object]] = []    # (start, end, event)
+        self.inflight: collections.deque = collections.deque()     # (start, end, event), allocation order
 
-    def put(self, host: np.ndarray, stream) -> np.ndarray:
-        n = -(-host.nbytes // 256) * 256
+    def put(self, host: np.ndarray) -> np.ndarray:
+        n = -(-max(host.nbytes, 1) // 256) * 256
         assert n <= self.buf.nbytes, f"a table of {host.nbytes} bytes exceeds the staging ring"
         if self.pos + n > self.buf.nbytes:
             self.pos = 0
         start, end = self.pos, self.pos + n
-        keep = []
-        for s, e, ev in self.inflight:
-            if s < end and start < e:
-                ev.synchronize()
-            else:
-                keep.append((s, e, ev))
-        self.inflight = keep
+        q = self.inflight
+        while q and (q[0][2].done or (q[0][0] < end and start < q[0][1])):
+            if not q[0][2].done:
+                q[0][2].synchronize()                      # the ring came round to a copy still in flight
+            q.popleft()
         view = self.buf[start:start + host.nbytes]
-        view[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        view[:] = host.reshape(-1).view(np.uint8)
         self.pos = end
         return view
 
-    def done(self, start_view: np.ndarray, stream) -> None:
-        ev = self.dev.event()
-        ev.record(stream)
-        s = start_view.ctypes.data - self.buf.ctypes.data
-        self.inflight.append((s, s + start_view.nbytes, ev))
+    def done(self, view: np.ndarray, stream) -> None:
+        ev = self.dev.cp.cuda.Event(disable_timing=True)
+        ev.record(stream.s)
+        s = view.ctypes.data - self.buf.ctypes.data
+        self.inflight.append((s, s + view.nbytes, ev))
 
 
 class CudaKernels(Kernels):
@@ -75,11 +74,23 @@ class CudaKernels(Kernels):
     # --- tables -------------------------------------------------------------------------------------------------
     def upload(self, host, stream):
         host = np.ascontiguousarray(host)
-        view = self.staging.put(host, stream)
+        view = self.staging.put(host)
         out = self.cp.empty(host.shape, host.dtype)
         out.data.copy_from_host_async(view.ctypes.data, host.nbytes, stream.s)
         self.staging.done(view, stream)
         return out
+
+    def upload_many(self, hosts, stream):
+        hosts = [np.ascontiguousarray(h) for h in hosts]
+        offs, total = [], 0
+        for h in hosts:
+            offs.append(total)
+            total += -(-max(h.nbytes, 1) // 256) * 256
+        packed = np.zeros(total, np.uint8)
+        for h, o in zip(hosts, offs):
+            packed[o:o + h.nbytes] = h.reshape(-1).view(np.uint8)
+        dev = self.upload(packed, stream)
+        return [dev[o:o + h.nbytes].view(h.dtype).reshape(h.shape) for h, o in zip(hosts, offs)]
 
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         return np.asarray([r.buf.data.ptr + r.index * r.buf.strides[0] + byte_off for r in refs], np.uint64)

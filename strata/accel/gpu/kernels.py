@@ -33,6 +33,10 @@ class Kernels(abc.ABC):
     def upload(self, host: np.ndarray, stream) -> object:
         """A device copy of a small host table, taken now (later host writes do not reach it)."""
 
+    def upload_many(self, hosts: list[np.ndarray], stream) -> list:
+        """Several small tables in one go (CUDA packs them into one copy)."""
+        return [self.upload(h, stream) for h in hosts]
+
     @abc.abstractmethod
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         """A host table naming blobs (plus a byte offset into each) for `dequant` (upload it first)."""
