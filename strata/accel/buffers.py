@@ -73,11 +73,14 @@ def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver) ->
     return b
 
 
+ATTN_SCRATCH_TARGET = 64 << 20
+
+
 def attn_scratch_bytes(cfg, cap: int, n_ctx: int) -> int:
-    """Score buffers of the blocked attention: up to 128 queries a block over a full context, H heads of fp32
-    scores + fp16 probabilities (+ the permuted q and o), never less than one query's worth."""
+    """Score buffers of the blocked attention: H heads of fp32 scores + fp16 probabilities (+ the permuted q
+    and o) for as many queries a block as fit 64 MiB over a full context (at most 128, at least one)."""
     per_q = cfg.n_head * (6 * n_ctx + 6 * cfg.head_dim) + 1024
-    return min(cap, 128) * per_q + 4096
+    return max(1, min(cap, 128, ATTN_SCRATCH_TARGET // per_q)) * per_q + 4096
 
 
 def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int) -> int:

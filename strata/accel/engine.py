@@ -218,11 +218,11 @@ class GpuEngine:
         return out
 
     def _groups(self, entries: list[int], limit: int) -> list[list[int]]:
-        """Split walk entries (queue indices, ascending) into groups of at most `limit` whose span stays below
-        half the ring, so a group's last entry can always be issued while its first is still unconsumed."""
+        """Split walk entries (queue indices, ascending) into groups of at most `limit` spanning fewer than R
+        entries, so a group's last entry can always be issued while its first is still unconsumed."""
         out, cur = [], []
         for kq in entries:
-            if cur and (len(cur) == limit or kq - cur[0] >= self._ring.n // 2):
+            if cur and (len(cur) == limit or kq - cur[0] >= self._ring.n):
                 out.append(cur)
                 cur = []
             cur.append(kq)
@@ -238,7 +238,9 @@ class GpuEngine:
         """Routed-only walk: this layer's streamed experts in id order through the 8-slot ring, 8 copies ahead."""
         walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
         walk.prefetch()
-        for grp in self._groups(list(range(len(lay.streamed))), max(1, ROUTED_ONLY_RING // 2)):
+        # a group may fill the ring: its slots are released right after their dequantisation, so the next
+        # group's copies overlap this group's products
+        for grp in self._groups(list(range(len(lay.streamed))), ROUTED_ONLY_RING):
             self._stream_group(layer, lay, walk, grp)
             walk.prefetch()
 

@@ -28,6 +28,7 @@ class _Staging:
 
     def __init__(self, dev, nbytes: int):
         self.dev, self.buf, self.pos = dev, dev.pinned(nbytes), 0
+        self.dbuf = dev.empty((nbytes,), np.uint8)     # device twin: a table lands at the same offset
         self.inflight: collections.deque = collections.deque()     # (start, end, event), allocation order
 
     def put(self, host: np.ndarray) -> np.ndarray:
@@ -68,17 +69,21 @@ class CudaKernels(Kernels):
             "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
+        self._dq_plans: dict = {}
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
     # --- tables -------------------------------------------------------------------------------------------------
     def upload(self, host, stream):
+        """Into the device table ring at the staging offset. A later upload overwrites those device bytes only
+        through a copy on the same stream, after the kernels that read them (all tables go on `stream`)."""
         host = np.ascontiguousarray(host)
         view = self.staging.put(host)
-        out = self.cp.empty(host.shape, host.dtype)
+        off = view.ctypes.data - self.staging.buf.ctypes.data
+        out = self.staging.dbuf[off:off + host.nbytes]
         out.data.copy_from_host_async(view.ctypes.data, host.nbytes, stream.s)
         self.staging.done(view, stream)
-        return out
+        return out.view(host.dtype).reshape(host.shape)
 
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]
@@ -98,7 +103,18 @@ class CudaKernels(Kernels):
     # --- experts ------------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
         if out.flags.c_contiguous:
-            dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, out, stream.s)
+            key = (qtype, n, k, blobs.shape[0])
+            plan = self._dq_plans.get(key)
+            if plan is None:      # the wrapper's checks once per shape, then straight launches
+                dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, out, stream.s)
+                cls = dq.quants.get(qtype)
+                rb = cls.row_bytes(k) // cls.type_size
+                self._dq_plans[key] = (self.dq.get_function(dq.KERNEL_NAME[qtype]),
+                                       (dq._grid_x(n * rb, qtype), blobs.shape[0]), np.int32(blobs.shape[0]),
+                                       np.int32(n), np.int32(rb))
+                return
+            fn, grid, g, nr, rb = plan
+            fn(grid, (dq._THREADS,), (blobs, g, nr, rb, out), stream=stream.s)
             return
         tmp = self.cp.empty((blobs.shape[0], n, k), np.float16)      # a split gate/up of two types
         dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, tmp, stream.s)
