@@ -151,15 +151,16 @@ def test_attention(devs, pos0, T):
     close(c.tohost(out_s), out_h, 3e-3)
 
 
-def test_linear(devs):
+@pytest.mark.parametrize("T", [13, 3, 1])       # cuBLAS, and the decode GEMV (T <= 8)
+def test_linear(devs, T):
     c, h = devs
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((13, 96)).astype(np.float32)
+    x = rng.standard_normal((T, 96)).astype(np.float32)
     for wdt in (np.float16, np.float32):
         w = (rng.standard_normal((40, 96)) / 8).astype(wdt)
-        oh = np.zeros((13, 80), np.float32)
+        oh = np.zeros((T, 80), np.float32)
         h.k.linear(oh[:, :40], x, w, h.compute)
-        oc = c.zeros((13, 80), np.float32)
+        oc = c.zeros((T, 80), np.float32)
         c.k.linear(oc[:, :40], c.asarray(x), c.asarray(w), c.compute)
         close(c.tohost(oc)[:, :40], oh[:, :40], 2e-3)
         assert not c.tohost(oc)[:, 40:].any(), "writes past the column slice"

@@ -20,6 +20,7 @@ R_16F, R_32F = 2, 0                 # cudaDataType
 COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
 GEMM_DEFAULT = -1
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
+GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
 
 
 class _Staging:
@@ -66,7 +67,7 @@ class CudaKernels(Kernels):
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
-            "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm")}
+            "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
@@ -177,7 +178,18 @@ class CudaKernels(Kernels):
         assert w.shape[1] == K and w.flags.c_contiguous and out.strides[1] == 4
         if T == 0:
             return
-        if w.dtype == np.float16:
+        if T <= GEMV_MAX_T and K % 2 == 0:          # decode: our GEMV beats cuBLAS's per-call cost
+            if x.dtype == np.float16:
+                x32 = self.cp.empty((T, K), np.float32)
+                self.fn["to_f32"]((min(4096, -(-T * K // 256)),), (256,), (x32, self.cp.ascontiguousarray(x),
+                                                                          np.int64(T * K)), stream=stream.s)
+                x = x32
+            assert x.strides[1] == 4
+            name = "gemv_f16" if w.dtype == np.float16 else "gemv_f32"
+            self.fn[name]((-(-N * 32 // 256),), (256,), (out, np.int32(out.strides[0] // 4), x,
+                                                         np.int32(x.strides[0] // 4), w, np.int32(N), np.int32(K),
+                                                         np.int32(T)), stream=stream.s)
+        elif w.dtype == np.float16:
             if x.dtype == np.float16 and x.flags.c_contiguous:
                 xh = x
             else:

@@ -312,3 +312,58 @@ extern "C" __global__ void attn_operm(float* out, const float* o, int q0, int Tq
         out[((long long)(q0 + t) * H + j * g + i) * hd + d] = o[idx];
     }
 }
+
+// ---- decode-sized products: out [T, N] = x [T, Kd] · W [N, Kd]^T for T <= 8, one warp per output row ------------
+// (cuBLAS's per-call cost dominates at these sizes; a warp streams its weight row once for all T tokens)
+extern "C" __global__ void gemv_f16(float* out, int ldo, const float* x, int ldx, const half_t* W, int N, int Kd,
+                                    int T) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (n >= N) return;
+    const half_t* w = W + (long long)n * Kd;
+    float acc[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) acc[t] = 0.f;
+    for (int k = lane * 2; k < Kd; k += 64) {
+        const u32 v = *(const u32*)(w + k);
+        const float w0 = h2f((half_t)(v & 0xffff)), w1 = h2f((half_t)(v >> 16));
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) acc[t] += w0 * x[(long long)t * ldx + k] + w1 * x[(long long)t * ldx + k + 1];
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t >= T) break;
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) out[(long long)t * ldo + n] = v;
+    }
+}
+
+extern "C" __global__ void gemv_f32(float* out, int ldo, const float* x, int ldx, const float* W, int N, int Kd,
+                                    int T) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (n >= N) return;
+    const float* w = W + (long long)n * Kd;
+    float acc[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) acc[t] = 0.f;
+    for (int k = lane; k < Kd; k += 32) {
+        const float wk = w[k];
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < T) acc[t] += wk * x[(long long)t * ldx + k];
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t >= T) break;
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) out[(long long)t * ldo + n] = v;
+    }
+}
+
+// f16 input rows for the f16 GEMV (the shared expert's intermediate): widen to f32 first
+extern "C" __global__ void to_f32(float* out, const half_t* x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = h2f(x[i]);
+}
