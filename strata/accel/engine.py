@@ -204,15 +204,24 @@ class GpuEngine:
         R = T * K
         slot_dev = k.upload(lay.slot, s)
         k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
-        for i in range(0, len(lay.resident), GROUP_RESIDENT):
-            members = lay.resident[i:i + GROUP_RESIDENT]
-            refs = [BlobRef(self.cache.buf, int(self.cache.slot_of[layer, e])) for e in members]
-            self._runner.group(layer, members, refs, lay)
+        # compute order (not row order): a resident group after each streamed group, so the compute stream
+        # reaches each streamed group's dequantisation, which frees its ring slots, as early as possible
+        pending = [lay.resident[i:i + GROUP_RESIDENT] for i in range(0, len(lay.resident), GROUP_RESIDENT)]
+        pending.reverse()
+
+        def one_resident():
+            if pending:
+                members = pending.pop()
+                refs = [BlobRef(self.cache.buf, int(self.cache.slot_of[layer, e])) for e in members]
+                self._runner.group(layer, members, refs, lay)
+
         if lay.streamed:
             if self._walk is None:
-                self._stream_routed_only(layer, lay)
+                self._stream_routed_only(layer, lay, one_resident)
             else:
-                self._stream_all(layer, lay)
+                self._stream_all(layer, lay, one_resident)
+        while pending:
+            one_resident()
         out = dev.empty((T, c.n_embd), np.float32)
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
@@ -234,7 +243,7 @@ class GpuEngine:
         members = [walk.entries[kq][1] for kq in grp]
         self._runner.group(layer, members, refs, lay, on_released=lambda: walk.consume(grp))
 
-    def _stream_routed_only(self, layer, lay):
+    def _stream_routed_only(self, layer, lay, between):
         """Routed-only walk: this layer's streamed experts in id order through the 8-slot ring, 8 copies ahead."""
         walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
         walk.prefetch()
@@ -243,8 +252,9 @@ class GpuEngine:
         for grp in self._groups(list(range(len(lay.streamed))), ROUTED_ONLY_RING):
             self._stream_group(layer, lay, walk, grp)
             walk.prefetch()
+            between()
 
-    def _stream_all(self, layer, lay):
+    def _stream_all(self, layer, lay, between):
         """Stream-all walk: this layer's queue entries in order; an unrouted entry just releases its slot."""
         walk = self._walk
         routed = set(lay.streamed)
@@ -260,5 +270,6 @@ class GpuEngine:
                     walk.consume(unrouted)
                     unrouted = []
                 self._stream_group(layer, lay, walk, last[kq])
+                between()
         if unrouted:
             walk.consume(unrouted)

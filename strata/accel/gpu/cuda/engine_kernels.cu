@@ -49,32 +49,29 @@ extern "C" __global__ void gemm_grouped_mma(float* C, int ldc, const half_t* A, 
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-    // each thread loads 16 halves of A and 16 of W per k step: row = tid / 2, cols (tid % 2) * 16 .. + 15
+    // each thread loads 16 halves of A and 16 of W per k step: row = tid / 2, cols (tid % 2) * 16 .. + 15;
+    // the next step's tile is fetched into registers while the MMAs run on the current one in shared memory
     const int lr = tid >> 1, lc = (tid & 1) * 16;
+    const int ra = r0 + lr, nb = n0 + lr;
+    const bool a_ok = ra < r1, b_ok = nb < N;
+    const uint4* asrc = (const uint4*)(A + (long long)(a_ok ? ra : r0) * lda + lc);
+    const uint4* bsrc = (const uint4*)(Wg + (long long)(b_ok ? nb : 0) * Kd + lc);
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 pa0 = a_ok ? asrc[0] : z, pa1 = a_ok ? asrc[1] : z;
+    uint4 pb0 = b_ok ? bsrc[0] : z, pb1 = b_ok ? bsrc[1] : z;
     for (int k0 = 0; k0 < Kd; k0 += BK) {
-        {
-            const int r = r0 + lr;
-            uint4* dst = (uint4*)&As[lr][lc];
-            if (r < r1) {
-                const uint4* src = (const uint4*)(A + (long long)r * lda + k0 + lc);
-                dst[0] = src[0];
-                dst[1] = src[1];
-            } else {
-                dst[0] = make_uint4(0, 0, 0, 0);
-                dst[1] = make_uint4(0, 0, 0, 0);
-            }
-            const int n = n0 + lr;
-            uint4* dstb = (uint4*)&Bs[lr][lc];
-            if (n < N) {
-                const uint4* src = (const uint4*)(Wg + (long long)n * Kd + k0 + lc);
-                dstb[0] = src[0];
-                dstb[1] = src[1];
-            } else {
-                dstb[0] = make_uint4(0, 0, 0, 0);
-                dstb[1] = make_uint4(0, 0, 0, 0);
-            }
-        }
+        ((uint4*)&As[lr][lc])[0] = pa0;
+        ((uint4*)&As[lr][lc])[1] = pa1;
+        ((uint4*)&Bs[lr][lc])[0] = pb0;
+        ((uint4*)&Bs[lr][lc])[1] = pb1;
         __syncthreads();
+        if (k0 + BK < Kd) {
+            const int step = (k0 + BK) / 8;        // uint4 = 8 halves
+            pa0 = a_ok ? asrc[step] : z;
+            pa1 = a_ok ? asrc[step + 1] : z;
+            pb0 = b_ok ? bsrc[step] : z;
+            pb1 = b_ok ? bsrc[step + 1] : z;
+        }
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             u32 a[2][4], b[4][2];
