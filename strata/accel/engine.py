@@ -49,10 +49,9 @@ class GpuEngine:
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
-                 log=None, arena: Arena | None = None):
+                 log=None, arena: Arena | None = None, pool=None):
         self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
         self.config = config or policy.Config()
-        self.share = self.config.share(qualifies=False)      # the CPU share comes with the pool (issue 8)
         self.log = log or (lambda s: None)
         self.n_ctx = n_ctx
         self.plan: MemoryPlan = plan_memory(model, dev.free_bytes(), n_ctx=n_ctx, vram_budget=vram_budget,
@@ -78,6 +77,30 @@ class GpuEngine:
             self.prompt_region = dev.empty((p.prompt_bytes,), np.uint8)
         self.ops = DeviceOps(model, dev, self.weights, self.kv, n_ctx, cap=max(p.chunk, MAXT))
         self.ops.moe = self.moe
+        # the CPU expert pool: decode misses, and the prefill share where it qualifies (CUDA, one GPU; SPEC §4)
+        self.pool = pool
+        self.share = self.config.share(qualifies=dev.kind == "cuda" and pool is not None)
+        self.cpu_block = None
+        if pool is not None:
+            from strata.accel.cpu_block import CpuBlock
+
+            self.cpu_block = CpuBlock(dev, c, self.arena, pool, self.share, self.config, max(p.chunk, MAXT))
+            if self.share.by_default:
+                self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
+                         "turns it off); the pool also takes decode misses")
+        self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
+
+    def _probe_h2d(self, reps: int = 8) -> float:
+        """Pinned H2D GB/s at blob-sized copies (the decode ring's slot 0; a few ms at start)."""
+        blob = self.arena.blob(0, 0)
+        e0, e1 = self.dev.event(), self.dev.event()
+        e0.record(self.dev.copy)
+        for _ in range(reps):
+            self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)
+        e1.record(self.dev.copy)
+        e1.synchronize()
+        ms = e0.elapsed_ms(e1)
+        return blob.nbytes * reps / max(ms, 1e-6) / 1e6
         self.types = [model.expert(l, 0).types for l in range(c.n_layer)]
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
         self.sync_ev = dev.event()
@@ -188,6 +211,14 @@ class GpuEngine:
         c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
         T, K = h.shape[0], c.n_expert_used
         bufs = self._runner.bufs
+        cb = self.cpu_block
+        # the CPU share: routed-only walk of a prompt chunk, pool present (SPEC §4); decode misses (SPEC §8)
+        share_layer = cb is not None and not self._decode and self._walk is None and self.share.on
+        arm = False
+        if share_layer:
+            arm = cb.begin_layer(layer, h, s)
+        elif self._decode and cb is not None:
+            dev.d2h(cb.x_host[:T], h, s)
         dev.d2h(self.ids_host[:T * K], ids_dev, s)
         self.sync_ev.record(s)
         t_sync = time.perf_counter()
@@ -197,13 +228,23 @@ class GpuEngine:
         if self.on_routing:
             self.on_routing(layer, ids)
         resident = self.cache.resident(layer)
-        lay = row_layout(ids, c.n_expert, resident, cpu=[])
+        cpu, nstream = (), 0
+        if share_layer:
+            cb.after_sync()
+            cnt = np.bincount(ids.ravel(), minlength=c.n_expert)
+            cpu, nstream = cb.choose(cnt.tolist(), resident.tolist(), arm)
+        elif self._decode and cb is not None:
+            cnt = np.bincount(ids.ravel(), minlength=c.n_expert)
+            cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
+        lay = row_layout(ids, c.n_expert, resident, cpu=list(cpu))
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
             self.stats.hits += len(lay.resident)
         R = T * K
         slot_dev = k.upload(lay.slot, s)
         k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
+        if share_layer:
+            cb.launch(layer, lay, s, threaded=True)                             # the CPU runs beside the GPU
         # compute order (not row order): a resident group after each streamed group, so the compute stream
         # reaches each streamed group's dequantisation, which frees its ring slots, as early as possible
         pending = [lay.resident[i:i + GROUP_RESIDENT] for i in range(0, len(lay.resident), GROUP_RESIDENT)]
@@ -222,6 +263,13 @@ class GpuEngine:
                 self._stream_all(layer, lay, one_resident)
         while pending:
             one_resident()
+        if share_layer:
+            cb.gpu_done(s)
+        elif self._decode and cb is not None and lay.cpu:
+            cb.launch(layer, lay, s, threaded=False)                            # after the GPU work is queued
+            cb.decode_sample(len(lay.cpu), self.plan.slot_bytes / (self.h2d_gbps * 1e6))
+        if cb is not None:
+            cb.finish(layer, lay, nstream, bufs.dm, s, eligible=share_layer)
         out = dev.empty((T, c.n_embd), np.float32)
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out

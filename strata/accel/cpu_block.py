@@ -1,0 +1,141 @@
+"""The CPU's block of a layer's experts: the prefill CPU share (SPEC §4-§6) and the decode misses (SPEC §8).
+
+The CPU experts' rows are the tail of Dm. The layer's input rows reach pinned host memory by a device->host copy
+enqueued before the routing sync; after the sync the pool computes its experts on the q8 path (on a thread during
+prefill, so the GPU's experts and streaming run meanwhile; inline during decode), and their rows go back into
+Dm's tail just before the combine. Timings for the share policy come from device events (the meter's window: the
+CPU thread's launch to the end of the GPU's experts; the gate's window: before the routing sync to just before
+the combine), read one layer late, at the next routing sync, when they are complete.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+from strata.policy import CHOOSERS, ChooserKind, LayerEnd, llround, share_policy
+from strata.policy.share import ShareKind
+
+
+class CpuBlock:
+    def __init__(self, dev, cfg, arena, pool, share, config, cap: int, log=None):
+        self.dev, self.cfg, self.arena, self.pool = dev, cfg, arena, pool
+        self.config = config
+        self.policy = share_policy(share)
+        self.auto = self.policy.kind in (ShareKind.AUTO, ShareKind.AUTO_UNGATED)
+        self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
+        D, K = cfg.n_embd, cfg.n_expert_used
+        # pinned staging, sized once for the largest step so no window pays an allocation
+        self.x_host = dev.pinned(cap * D * 4).view(np.float32).reshape(cap, D)
+        self.rows_host = dev.pinned(cap * K * D * 4).view(np.float32).reshape(cap * K, D)
+        self.ev = [[dev.event() for _ in range(4)] for _ in range(2)]   # per parity: wall0, wall1, cpu0, cpu1
+        self.parity = 0
+        self.pending_parity = None
+        self.thread = None
+        self.cpu_ms = 0.0
+        self.stats = {"layers": 0, "cpu_experts": 0, "shared_layers": 0}
+        self.decode_frac = 0.5           # decode: the share of misses the CPU takes (cost model, below)
+        self._c_ms = self._g_ms = None
+        self.log = log or (lambda s: print(s, file=sys.stderr))
+
+    # --- prefill: the share ------------------------------------------------------------------------------------
+    def begin_layer(self, layer: int, h, stream) -> bool:
+        """Top of an eligible layer (routed-only walk, pool free): the arm; copies the input when it shares."""
+        arm = self.policy.begin_layer(layer)
+        self.parity ^= 1
+        ev = self.ev[self.parity]
+        if self.auto:
+            ev[0].record(stream)                                   # the gate's window opens before the sync
+        if arm:
+            self.dev.d2h(self.x_host[:h.shape[0]], h, stream)
+        return arm
+
+    def after_sync(self) -> None:
+        """At the routing sync: read the previous eligible layer's windows (complete now) into the policy."""
+        want = self.policy.wants()
+        if not (want.gpu or want.wall) or self.pending_parity is None:
+            return
+        ev = self.ev[self.pending_parity]
+        gpu_ms = ev[2].elapsed_ms(ev[3]) if want.gpu else None
+        wall_ms = ev[0].elapsed_ms(ev[1]) if want.wall else None
+        reading = self.policy.readings(gpu_ms, wall_ms)
+        if reading is not None and self.config.dbg_cpu_gate:
+            self.log(reading.line())
+
+    def choose(self, cnt, resident, arm: bool) -> tuple[tuple[int, ...], int]:
+        choice = self.chooser.choose(cnt, resident, [True] * len(cnt), self.policy.share(arm))
+        return choice.cpu, choice.nstream
+
+    def launch(self, layer: int, lay, stream, threaded: bool) -> None:
+        """Start the pool on the layout's CPU experts (their rows are Dm's tail); the meter's window opens."""
+        self.cpu_ms = 0.0
+        if not lay.cpu:
+            return
+        ev = self.ev[self.parity]
+        if self.auto and threaded:
+            ev[2].record(stream)
+        jobs = self._jobs(layer, lay)
+        if threaded:
+            self.thread = threading.Thread(target=self._run, args=(jobs,), name="cpu share", daemon=True)
+            self.thread.start()
+        else:
+            self._run(jobs)
+
+    def _run(self, jobs) -> None:
+        t0 = time.perf_counter()
+        self.pool.run(jobs)
+        self.cpu_ms = (time.perf_counter() - t0) * 1e3
+
+    def _jobs(self, layer: int, lay):
+        from strata.accel.cpu.pool import ExpertJob
+
+        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+        types = self.arena.types[layer]
+        base = lay.off[lay.cpu[0]]                                # the CPU block is the tail, in id order
+        jobs = []
+        for e in lay.cpu:
+            r0, n = lay.off[e], int(lay.cnt[e])
+            x = np.ascontiguousarray(self.x_host[lay.src[r0:r0 + n]])
+            jobs.append(ExpertJob(self.arena.blob(layer, e), types, D, F, x, self.rows_host[r0 - base:r0 - base + n]))
+        return jobs
+
+    def gpu_done(self, stream) -> None:
+        """After the GPU's expert work is enqueued: the meter's window closes there."""
+        if self.auto:
+            self.ev[self.parity][3].record(stream)
+
+    def finish(self, layer: int, lay, nstream: int, dm, stream, eligible: bool) -> None:
+        """Wait for the CPU, copy its rows into Dm's tail; tell the policy; the gate's window closes here."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if lay.cpu:
+            base = lay.off[lay.cpu[0]]
+            n = sum(int(lay.cnt[e]) for e in lay.cpu)
+            self.dev.h2d(dm[base:base + n], self.rows_host[:n], stream)
+            self.stats["cpu_experts"] += len(lay.cpu)
+            self.stats["shared_layers"] += 1
+        if eligible:
+            self.stats["layers"] += 1
+            want = self.policy.end_layer(LayerEnd(layer, nstream, len(lay.cpu), self.cpu_ms, False))
+            if want.wall:
+                self.ev[self.parity][1].record(stream)
+            self.pending_parity = self.parity if (want.gpu or want.wall) else None
+
+    # --- decode: misses on the CPU ---------------------------------------------------------------------------
+    def decode_split(self, misses: list[int]) -> list[int]:
+        """The misses the CPU computes; the rest stream over PCIe. A running cost model (ms per expert on each
+        side, α 0.25) sets the CPU's fraction where both would finish together."""
+        n_cpu = llround(self.decode_frac * len(misses))
+        return misses[:n_cpu]
+
+    def decode_sample(self, n_cpu: int, pcie_ms_per_expert: float) -> None:
+        """After a decode layer: the CPU's ms per expert (measured) against PCIe's (blob ÷ measured H2D)."""
+        if n_cpu:
+            c = self.cpu_ms / n_cpu
+            self._c_ms = c if self._c_ms is None else self._c_ms + 0.25 * (c - self._c_ms)
+            g = pcie_ms_per_expert
+            self.decode_frac = min(0.95, max(0.05, g / (self._c_ms + g)))
