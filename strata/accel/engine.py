@@ -88,6 +88,17 @@ class GpuEngine:
             if self.share.by_default:
                 self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
                          "turns it off); the pool also takes decode misses")
+        self.types = [model.expert(l, 0).types for l in range(c.n_layer)]
+        self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
+        self.sync_ev = dev.event()
+        self.pos = 0
+        self.n_chunks = 0                 # steps run (a routing trace's chunk index)
+        self.on_routing = None            # (layer, ids [T, K]) after each routing sync: --dump-routing
+        self.stats = Stats()
+        self._walk: Walk | None = None
+        self._ring: Ring | None = None
+        self._runner: ExpertRunner | None = None
+        self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
 
     def _probe_h2d(self, reps: int = 8) -> float:
@@ -101,17 +112,6 @@ class GpuEngine:
         e1.synchronize()
         ms = e0.elapsed_ms(e1)
         return blob.nbytes * reps / max(ms, 1e-6) / 1e6
-        self.types = [model.expert(l, 0).types for l in range(c.n_layer)]
-        self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
-        self.sync_ev = dev.event()
-        self.pos = 0
-        self.n_chunks = 0                 # steps run (a routing trace's chunk index)
-        self.on_routing = None            # (layer, ids [T, K]) after each routing sync: --dump-routing
-        self.stats = Stats()
-        self._walk: Walk | None = None
-        self._ring: Ring | None = None
-        self._runner: ExpertRunner | None = None
-        self._layer_entries: dict[int, range] = {}
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def reset(self):
