@@ -19,6 +19,7 @@ from numba import carray, njit
 
 from strata.accel.cpu._llvm import addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, cycles, spin_pause
 from strata.accel.cpu.act import quantize_rows, swiglu
+from strata.accel.cpu.dense import attention_heads
 from strata.accel.cpu.rows import matmul_rows
 
 # ctl: int64 control words, each on its own cache line; the mailbox holds the current batch's addresses
@@ -30,12 +31,12 @@ CTL_WORDS = 64
 (J_KIND, J_GW, J_UW, J_DW, J_GT, J_UT, J_DT, J_GROW, J_UROW, J_DROW, J_D, J_F, J_N, J_X, J_XS, J_OUT, J_OS,
  J_QXG, J_QXGROW, J_QXU, J_QXUROW, J_G, J_U, J_QH, J_QHROW, J_GAT, J_UAT, J_DAT) = range(28)
 JF = 32
-JOB_EXPERT, JOB_LINEAR = 0, 1
+JOB_EXPERT, JOB_LINEAR, JOB_ATTN = 0, 1, 2
 
 # tiles: one int64 row per tile
 K_KIND, K_JOB, K_R0, K_R1, K_T0, K_T1, K_WAIT, K_SIGNAL = range(8)
 TF = 8
-T_QX, T_GU, T_QH, T_DOWN, T_LIN = 1, 2, 3, 4, 5
+T_QX, T_GU, T_QH, T_DOWN, T_LIN, T_ATT = 1, 2, 3, 4, 5, 6
 
 # groups: pending count, ready flag, action on completion, its job
 G_PENDING, G_READY, G_ACTION, G_JOB = range(4)
@@ -97,6 +98,14 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
         out = _f32(plan[j, J_OUT], n * plan[j, J_OS])
         matmul_rows(plan[j, J_DT], _u8(plan[j, J_DW], d * plan[j, J_DROW]), plan[j, J_DROW], r0, r1,
                     _u8(plan[j, J_QH], n * plan[j, J_QHROW]), plan[j, J_QHROW], n, out, plan[j, J_OS])
+    elif kind == T_ATT:  # attention heads r0..r1 (J_F heads, J_GT kv heads, J_GROW head size, J_UT cache slots)
+        hh, hkv, hd, cap = f, plan[j, J_GT], plan[j, J_GROW], plan[j, J_UT]
+        q = _f32(plan[j, J_X], n * hh * hd).reshape((n, hh, hd))
+        kt = _f32(plan[j, J_GW], hkv * hd * cap).reshape((hkv, hd, cap))
+        v = _f32(plan[j, J_UW], hkv * cap * hd).reshape((hkv, cap, hd))
+        pos = _i64(plan[j, J_DW], n)
+        out = _f32(plan[j, J_OUT], n * hh * hd).reshape((n, hh * hd))
+        attention_heads(q, kt, v, pos, d, r0, r1, out)
     else:  # T_LIN: a dense weight (J_F rows of J_D) on tokens t0..t1
         qrow, os = plan[j, J_QXGROW], plan[j, J_OS]
         qx = _u8(plan[j, J_QXG], n * qrow)
@@ -221,7 +230,7 @@ def tick_count():
 
 @njit(nogil=True, cache=True)
 def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
-    """The batch's tile table and groups, in claim order: [QX][GU][LIN][QH (phased)][DOWN].
+    """The batch's tile table and groups, in claim order: [ATT][QX][GU][LIN][QH (phased)][DOWN].
 
     owner[j]: the job whose activation quantisation job j shares (owner[j] == j quantises);
     gu_rows[j]/dn_rows[j]: rows per GU (or LIN) and DOWN tile. Phased groups: 0 = all QX, 1 = all GU,
@@ -231,9 +240,12 @@ def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
     for j in range(nj):
         n = plan[j, J_N]
         ntok = (n + 7) // 8
+        rows_gu = (plan[j, J_F] + gu_rows[j] - 1) // gu_rows[j]
+        if plan[j, J_KIND] == JOB_ATTN:
+            nt += rows_gu
+            continue
         if owner[j] == j:
             nt += ntok
-        rows_gu = (plan[j, J_F] + gu_rows[j] - 1) // gu_rows[j]
         if plan[j, J_KIND] == JOB_LINEAR:
             nt += rows_gu * ntok
         else:
@@ -250,8 +262,12 @@ def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
             groups[sig * GF + G_PENDING] += 1
         return k + 1
 
+    for j in range(nj):  # attention heads: no dependencies
+        if plan[j, J_KIND] == JOB_ATTN:
+            for r0 in range(0, plan[j, J_F], gu_rows[j]):
+                k = add(k, T_ATT, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), 0, plan[j, J_N], -1, -1)
     for j in range(nj):  # QX
-        if owner[j] == j:
+        if owner[j] == j and plan[j, J_KIND] != JOB_ATTN:
             for t0 in range(0, plan[j, J_N], 8):
                 k = add(k, T_QX, j, 0, 0, t0, min(plan[j, J_N], t0 + 8), -1, j if pipeline else 0)
     for j in range(nj):  # GU

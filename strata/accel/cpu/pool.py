@@ -123,6 +123,32 @@ class LinearJob:
         _check_rows("out", self.out, t, n)
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionJob:
+    """Causal GQA attention of T queries over the first n_pos cached positions (strata.accel.cpu.dense):
+    q float32 [T, H, hd] (C-contiguous), kt float32 [Hkv, hd, C] (the K cache transposed), v float32
+    [Hkv, C, hd], pos int64 [T], out float32 [T, H·hd] (C-contiguous). Split by heads."""
+
+    q: np.ndarray
+    kt: np.ndarray
+    v: np.ndarray
+    pos: np.ndarray
+    n_pos: int
+    out: np.ndarray
+
+    def __post_init__(self):
+        t, h, hd = self.q.shape
+        hkv, _, cap = self.kt.shape
+        ok = (self.q.dtype == self.kt.dtype == self.v.dtype == self.out.dtype == np.float32
+              and self.pos.dtype == np.int64 and self.pos.shape == (t,) and self.kt.shape == (hkv, hd, cap)
+              and self.v.shape == (hkv, cap, hd) and self.out.shape == (t, h * hd) and h % hkv == 0
+              and 0 < self.n_pos <= cap and all(a.flags.c_contiguous for a in (self.q, self.kt, self.v, self.pos,
+                                                                               self.out)))
+        if not ok:
+            raise ValueError(f"attention job: bad shapes/dtypes q {self.q.shape} kt {self.kt.shape} v {self.v.shape} "
+                             f"pos {self.pos.shape} out {self.out.shape} n_pos {self.n_pos}")
+
+
 _RB: dict[tuple[int, int], int] = {}
 
 
@@ -214,7 +240,7 @@ class ExpertPool:
 
     # --- host side --------------------------------------------------------------------------------------------
     def run(self, jobs: list) -> None:
-        """Run a batch of ExpertJob / LinearJob; returns when every `out` is written."""
+        """Run a batch of ExpertJob / LinearJob / AttentionJob; returns when every `out` is written."""
         if not jobs:
             return
         if self._closed:
@@ -254,6 +280,15 @@ class ExpertPool:
         keep = []
         for j, job in enumerate(jobs):
             p = plan[j]
+            if isinstance(job, AttentionJob):
+                t, h, hd = job.q.shape
+                p[S.J_KIND], p[S.J_N], p[S.J_D], p[S.J_F] = S.JOB_ATTN, t, job.n_pos, h
+                p[S.J_GT], p[S.J_GROW], p[S.J_UT] = job.kt.shape[0], hd, job.kt.shape[2]
+                p[S.J_X], p[S.J_GW], p[S.J_UW] = address(job.q), address(job.kt), address(job.v)
+                p[S.J_DW], p[S.J_OUT] = address(job.pos), address(job.out)
+                p[S.J_XS] = -1 - j   # never shares a quantisation
+                keep.append(job)
+                continue
             x, out = job.x, job.out
             n = x.shape[0]
             p[S.J_N], p[S.J_X], p[S.J_XS] = n, address(x), x.strides[0] // 4
@@ -290,6 +325,8 @@ class ExpertPool:
         expert = plan[:, S.J_KIND] == S.JOB_EXPERT
         gu_bytes = plan[:, S.J_GROW] + np.where(expert, plan[:, S.J_UROW], 0)
         gu_rows = self._tile_rows(gu_bytes, int((gu_bytes * plan[:, S.J_F]).sum()))
+        attn = plan[:, S.J_KIND] == S.JOB_ATTN   # one tile per head: each is T·S·hd of float64 work
+        gu_rows[attn] = 1
         dn_rows = self._tile_rows(plan[:, S.J_DROW], int((plan[:, S.J_DROW] * plan[:, S.J_D])[expert].sum()))
         return plan, owner, gu_rows, dn_rows, keep
 
