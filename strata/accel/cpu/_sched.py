@@ -47,17 +47,17 @@ ST_IDLE, ST_BLOCKED, ST_WAKE_HOST, ST_PARK, ST_EXIT = 0, 1, 2, 3, 4
 _MASK = (1 << 32) - 1
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _u8(addr, n):
     return carray(addr_ptr(addr), (n,), np.uint8)
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _f32(addr, n):
     return carray(addr_ptr(addr), (n,), np.float32)
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _i64(addr, n):
     return carray(addr_ptr(addr), (n,), np.int64)
 
@@ -114,8 +114,8 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
                     qx[t0 * qrow:], qrow, t1 - t0, out[t0 * os:], os)
 
 
-@njit(nogil=True, cache=True)
-def work(ctl, epoch, resume, spin_ticks):
+@njit(inline="always")
+def _work(ctl, epoch, resume, spin_ticks):
     """Claim and run tiles of batch `epoch` until none is left. Returns (status, tile):
     (ST_IDLE, -1) nothing left (or the batch is no longer current); (ST_BLOCKED, i) tile i waited longer
     than spin_ticks on its group (call again with resume=i after yielding the CPU); (ST_WAKE_HOST, -1) this
@@ -156,29 +156,34 @@ def work(ctl, epoch, resume, spin_ticks):
 
 
 @njit(nogil=True, cache=True)
-def worker_loop(ctl, last_epoch, spin_ticks):
-    """A worker's life between Python calls: spin (bounded) for a new batch, work it, repeat.
-    Returns (status, epoch, tile): ST_PARK (idle longer than spin_ticks; registered in NPARKED), ST_EXIT,
-    ST_BLOCKED (tile held, see `work`) or ST_WAKE_HOST."""
+def step(ctl, epoch, resume, spin_ticks, worker):
+    """One stretch of a thread's work, without the GIL. Returns (status, epoch, tile).
+
+    Host (worker=False): claim and run tiles of batch `epoch` (resuming tile `resume` if >= 0) -> ST_IDLE,
+    ST_BLOCKED or ST_WAKE_HOST as `_work`. Worker: after finishing `resume` if any, spin (bounded) for a batch
+    newer than `epoch`, work it, and repeat; returns ST_PARK (idle for spin_ticks; registered in NPARKED),
+    ST_EXIT, ST_BLOCKED (tile held: yield, then call again with it) or ST_WAKE_HOST."""
     while True:
-        c0 = cycles()
-        while True:
-            if atomic_load(ctl, SHUTDOWN) != 0:
-                return ST_EXIT, last_epoch, -1
-            e = atomic_load(ctl, EPOCH)
-            if e != last_epoch:
-                break
-            if cycles() - c0 > spin_ticks:
-                atomic_add(ctl, NPARKED, 1)
-                if atomic_load(ctl, EPOCH) == last_epoch and atomic_load(ctl, SHUTDOWN) == 0:
-                    return ST_PARK, last_epoch, -1
-                atomic_add(ctl, NPARKED, -1)  # a batch arrived while registering: take it
-                c0 = cycles()
-            spin_pause()
-        last_epoch = e
-        st, i = work(ctl, e, -1, spin_ticks)
-        if st != ST_IDLE:
-            return st, e, i
+        if worker and resume < 0:
+            c0 = cycles()
+            while True:
+                if atomic_load(ctl, SHUTDOWN) != 0:
+                    return ST_EXIT, epoch, -1
+                e = atomic_load(ctl, EPOCH)
+                if e != epoch:
+                    break
+                if cycles() - c0 > spin_ticks:
+                    atomic_add(ctl, NPARKED, 1)
+                    if atomic_load(ctl, EPOCH) == epoch and atomic_load(ctl, SHUTDOWN) == 0:
+                        return ST_PARK, epoch, -1
+                    atomic_add(ctl, NPARKED, -1)  # a batch arrived while registering: take it
+                    c0 = cycles()
+                spin_pause()
+            epoch = e
+        st, i = _work(ctl, epoch, resume, spin_ticks)
+        resume = -1
+        if not worker or st != ST_IDLE:
+            return st, epoch, i
 
 
 @njit(nogil=True, cache=True)
@@ -228,6 +233,15 @@ def tick_count():
     return cycles()
 
 
+@njit(inline="always")
+def _add(tiles, groups, k, kind, j, r0, r1, t0, t1, wait, sig):
+    tiles[k, K_KIND], tiles[k, K_JOB], tiles[k, K_R0], tiles[k, K_R1] = kind, j, r0, r1
+    tiles[k, K_T0], tiles[k, K_T1], tiles[k, K_WAIT], tiles[k, K_SIGNAL] = t0, t1, wait, sig
+    if sig >= 0:
+        groups[sig * GF + G_PENDING] += 1
+    return k + 1
+
+
 @njit(nogil=True, cache=True)
 def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
     """The batch's tile table and groups, in claim order: [ATT][QX][GU][LIN][QH (phased)][DOWN].
@@ -255,25 +269,18 @@ def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
     groups = np.zeros(ng * GF, np.int64)
     k = 0
 
-    def add(k, kind, j, r0, r1, t0, t1, wait, sig):
-        tiles[k, K_KIND], tiles[k, K_JOB], tiles[k, K_R0], tiles[k, K_R1] = kind, j, r0, r1
-        tiles[k, K_T0], tiles[k, K_T1], tiles[k, K_WAIT], tiles[k, K_SIGNAL] = t0, t1, wait, sig
-        if sig >= 0:
-            groups[sig * GF + G_PENDING] += 1
-        return k + 1
-
     for j in range(nj):  # attention heads: no dependencies
         if plan[j, J_KIND] == JOB_ATTN:
             for r0 in range(0, plan[j, J_F], gu_rows[j]):
-                k = add(k, T_ATT, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), 0, plan[j, J_N], -1, -1)
+                k = _add(tiles, groups, k, T_ATT, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), 0, plan[j, J_N], -1, -1)
     for j in range(nj):  # QX
         if owner[j] == j and plan[j, J_KIND] != JOB_ATTN:
             for t0 in range(0, plan[j, J_N], 8):
-                k = add(k, T_QX, j, 0, 0, t0, min(plan[j, J_N], t0 + 8), -1, j if pipeline else 0)
+                k = _add(tiles, groups, k, T_QX, j, 0, 0, t0, min(plan[j, J_N], t0 + 8), -1, j if pipeline else 0)
     for j in range(nj):  # GU
         if plan[j, J_KIND] == JOB_EXPERT:
             for r0 in range(0, plan[j, J_F], gu_rows[j]):
-                k = add(k, T_GU, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), 0, plan[j, J_N],
+                k = _add(tiles, groups, k, T_GU, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), 0, plan[j, J_N],
                         owner[j] if pipeline else 0, nj + j if pipeline else 1)
             if pipeline:
                 groups[(nj + j) * GF + G_ACTION] = A_QH
@@ -282,17 +289,17 @@ def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
         if plan[j, J_KIND] == JOB_LINEAR:
             for r0 in range(0, plan[j, J_F], gu_rows[j]):
                 for t0 in range(0, plan[j, J_N], 8):
-                    k = add(k, T_LIN, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), t0, min(plan[j, J_N], t0 + 8),
+                    k = _add(tiles, groups, k, T_LIN, j, r0, min(plan[j, J_F], r0 + gu_rows[j]), t0, min(plan[j, J_N], t0 + 8),
                             owner[j] if pipeline else 0, -1)
     if not pipeline:  # QH per (job, token)
         for j in range(nj):
             if plan[j, J_KIND] == JOB_EXPERT:
                 for t in range(plan[j, J_N]):
-                    k = add(k, T_QH, j, 0, 0, t, t + 1, 1, 2)
+                    k = _add(tiles, groups, k, T_QH, j, 0, 0, t, t + 1, 1, 2)
     for j in range(nj):  # DOWN
         if plan[j, J_KIND] == JOB_EXPERT:
             for r0 in range(0, plan[j, J_D], dn_rows[j]):
-                k = add(k, T_DOWN, j, r0, min(plan[j, J_D], r0 + dn_rows[j]), 0, plan[j, J_N],
+                k = _add(tiles, groups, k, T_DOWN, j, r0, min(plan[j, J_D], r0 + dn_rows[j]), 0, plan[j, J_N],
                         nj + j if pipeline else 2, -1)
     for g in range(ng):
         if groups[g * GF + G_PENDING] == 0:

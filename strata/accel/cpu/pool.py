@@ -217,9 +217,9 @@ class ExpertPool:
 
     # --- worker side ------------------------------------------------------------------------------------------
     def _worker(self):
-        ctl, last = self._ctl, 0
+        ctl, last, i = self._ctl, 0, -1
         while True:
-            st, last, i = S.worker_loop(ctl, last, self.spin_ticks)
+            st, last, i = S.step(ctl, last, i, self.spin_ticks, True)
             if st == S.ST_EXIT:
                 return
             if st == S.ST_PARK:
@@ -227,16 +227,12 @@ class ExpertPool:
                     while S.ctl_load(ctl, S.EPOCH) == last and S.ctl_load(ctl, S.SHUTDOWN) == 0:
                         self._cv.wait()
                 S.ctl_add(ctl, S.NPARKED, -1)
+            elif st == S.ST_BLOCKED:  # a dependency is slow (or its thread descheduled): give the core away
+                os.sched_yield()
                 continue
-            st = self._finish_blocked(st, last, i)
-            if st == S.ST_WAKE_HOST:
+            elif st == S.ST_WAKE_HOST:
                 self._done.set()
-
-    def _finish_blocked(self, st, epoch, i):
-        while st == S.ST_BLOCKED:  # a dependency is slow (or its thread descheduled): give the core away
-            os.sched_yield()
-            st, i = S.work(self._ctl, epoch, i, self.spin_ticks)
-        return st
+            i = -1
 
     # --- host side --------------------------------------------------------------------------------------------
     def run(self, jobs: list) -> None:
@@ -257,8 +253,10 @@ class ExpertPool:
                 with self._cv:
                     self._cv.notify_all()
             if self.host:
-                st, i = S.work(ctl, self._epoch, -1, self.spin_ticks)
-                self._finish_blocked(st, self._epoch, i)
+                st, _, i = S.step(ctl, self._epoch, -1, self.spin_ticks, False)
+                while st == S.ST_BLOCKED:
+                    os.sched_yield()
+                    st, _, i = S.step(ctl, self._epoch, i, self.spin_ticks, False)
             if not S.wait_done(ctl, nt, self.spin_ticks, False):
                 self._done.clear()
                 if not S.wait_done(ctl, nt, 0, True):

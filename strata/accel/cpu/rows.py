@@ -7,8 +7,9 @@
 
 Per block: a decoder (decode.py) unpacks exact integers, an intrinsic takes the exact integer dot, and the block
 value follows the float32 formula in the quant class's docstring (strata/quants); block values are summed in
-float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per activation family, branching on
-the type once per call into its own inlined loop, keeps Numba compilations few and each loop tight.
+float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per activation family; each type
+gets its own inlined loop with its type id as a constant (LLVM folds the shared block functions' type tests),
+which keeps both the Numba compile time and each loop tight.
 Legend: T tokens, N rows, B blocks per row.
 """
 
@@ -121,23 +122,23 @@ def blk_q8_1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)
 
 @njit(nogil=True, cache=True)
 def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
-    """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64)."""
+    """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64); the type passed as a constant per branch."""
     if qt == Q8_0:
-        _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0)
     elif qt == Q4_0:
-        _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0)
     elif qt == Q5_0:
-        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0)
     elif qt == IQ4_NL:
-        _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_NL)
     elif qt == MXFP4:
-        _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, MXFP4)
     elif qt == Q2_0:
-        _loop(blk_q2_0, 18, 34, 2, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_q2_0, 18, 34, 2, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_0)
     elif qt == Q4_1:
-        _loop(blk_q8_1, 20, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_q8_1, 20, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_1)
     else:
-        _loop(blk_q8_1, 24, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_q8_1, 24, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_1)
 
 
 # --- blocks with Q8_K activations (292 bytes: f32 d | qs[256] | bsums[16]) -------------------------------------
@@ -223,33 +224,34 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 
 @njit(nogil=True, cache=True)
 def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
-    """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS."""
+    """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
+    a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
     if qt == Q4_K:
-        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K)
     elif qt == Q5_K:
-        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K)
     elif qt == Q2_K:
-        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K)
     elif qt == Q6_K:
-        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q6_K)
     elif qt == Q3_K:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K)
     elif qt == IQ3_S:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S)
     elif qt == IQ2_XXS:
-        _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS)
     elif qt == IQ2_XS:
-        _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS)
     elif qt == IQ2_S:
-        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S)
     elif qt == IQ3_XXS:
-        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS)
     elif qt == IQ4_XS:
-        _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS)
     elif qt == IQ1_S:
-        _loop(blk_iq1, 50, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_iq1, 50, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_S)
     else:
-        _loop(blk_iq1, 56, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, qt)
+        _loop(blk_iq1, 56, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_M)
 
 
 @njit(inline="always")
@@ -281,7 +283,7 @@ def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
 
 @njit(nogil=True, cache=True)
 def matmul_rows(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
-    """Dispatch on the ggml type id (callers checked it is supported)."""
+    """Dispatch on the ggml type id (callers checked it is supported): the pool's entry to the kernels."""
     if qt == Q4_0 or qt == Q4_1 or qt == Q5_0 or qt == Q5_1 or qt == Q8_0 or qt == IQ4_NL or qt == MXFP4 \
             or qt == Q2_0:
         rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
@@ -289,3 +291,12 @@ def matmul_rows(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
         rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
     else:
         rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+
+
+def family(qtype: int):
+    """The compiled row function for a type (host-side dispatch: kernels.rows)."""
+    if qtype in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_0):
+        return rows_q8_0
+    if qtype in (F32_T, F16_T, BF16_T):
+        return rows_float
+    return rows_q8_k
