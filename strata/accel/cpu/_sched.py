@@ -305,3 +305,61 @@ def build_tiles(plan, owner, gu_rows, dn_rows, pipeline):
         if groups[g * GF + G_PENDING] == 0:
             groups[g * GF + G_READY] = 1
     return tiles, groups
+
+
+@njit(nogil=True, cache=True)
+def prepare(plan, owner, threads, base, cap, pipeline):
+    """Lay out a batch's scratch (G, U, QH per expert job; quantised x per owner job; 64-byte aligned from
+    address `base`, `cap` bytes) into the plan, size the tiles (about 4 per thread over a phase, 16..256 KiB of
+    weights each; one head per attention tile) and build the tile table.
+    Returns (bytes needed, tiles, groups); when the bytes exceed `cap` nothing is written (grow and retry)."""
+    nj = plan.shape[0]
+    total = 0
+    for j in range(nj):
+        n, k = plan[j, J_N], plan[j, J_KIND]
+        if k == JOB_EXPERT:
+            total += 2 * ((n * plan[j, J_F] * 4 + 63) // 64 * 64) + (n * plan[j, J_QHROW] + 63) // 64 * 64
+        if owner[j] == j and k != JOB_ATTN:
+            total += (n * plan[j, J_QXGROW] + 63) // 64 * 64
+            if k == JOB_EXPERT and plan[j, J_UAT] != plan[j, J_GAT]:
+                total += (n * plan[j, J_QXUROW] + 63) // 64 * 64
+    if total > cap:
+        return total, np.empty((0, TF), np.int64), np.empty(0, np.int64)
+    off = base
+    gu_total, dn_total = 0, 0
+    for j in range(nj):
+        n, k = plan[j, J_N], plan[j, J_KIND]
+        if k == JOB_EXPERT:
+            plan[j, J_G] = off
+            off += (n * plan[j, J_F] * 4 + 63) // 64 * 64
+            plan[j, J_U] = off
+            off += (n * plan[j, J_F] * 4 + 63) // 64 * 64
+            plan[j, J_QH] = off
+            off += (n * plan[j, J_QHROW] + 63) // 64 * 64
+            gu_total += (plan[j, J_GROW] + plan[j, J_UROW]) * plan[j, J_F]
+            dn_total += plan[j, J_DROW] * plan[j, J_D]
+        elif k == JOB_LINEAR:
+            gu_total += plan[j, J_GROW] * plan[j, J_F] * ((n + 7) // 8)
+        if owner[j] == j and k != JOB_ATTN:
+            plan[j, J_QXG] = off
+            plan[j, J_QXU] = off
+            off += (n * plan[j, J_QXGROW] + 63) // 64 * 64
+            if k == JOB_EXPERT and plan[j, J_UAT] != plan[j, J_GAT]:
+                plan[j, J_QXU] = off
+                off += (n * plan[j, J_QXUROW] + 63) // 64 * 64
+    for j in range(nj):
+        if owner[j] != j:
+            plan[j, J_QXG] = plan[owner[j], J_QXG]
+            plan[j, J_QXU] = plan[owner[j], J_QXU]
+    gu_t = min(256 << 10, max(16 << 10, gu_total // (4 * threads)))
+    dn_t = min(256 << 10, max(16 << 10, dn_total // (4 * threads)))
+    gu_rows = np.ones(nj, np.int64)
+    dn_rows = np.ones(nj, np.int64)
+    for j in range(nj):
+        if plan[j, J_KIND] == JOB_EXPERT:
+            gu_rows[j] = max(1, gu_t // (plan[j, J_GROW] + plan[j, J_UROW]))
+            dn_rows[j] = max(1, dn_t // plan[j, J_DROW])
+        elif plan[j, J_KIND] == JOB_LINEAR:
+            gu_rows[j] = max(1, gu_t // plan[j, J_GROW])
+    tiles, groups = build_tiles(plan, owner, gu_rows, dn_rows, pipeline)
+    return total, tiles, groups

@@ -47,11 +47,10 @@ def default_workers() -> int:
 
 
 def _default_pipeline() -> bool:
-    try:
-        from strata.policy.env import Config
-    except ImportError:  # not on main yet: the pipeline is opt-in through the argument only
-        return False
-    return bool(Config.from_env(os.environ).pool_pipeline)
+    """STRATA_POOL_PIPELINE, read through the one typed config (strata.policy.env)."""
+    from strata.policy import from_process
+
+    return bool(from_process().pool_pipeline)
 
 
 def _check_rows(name: str, a: np.ndarray, n: int, k: int):
@@ -237,13 +236,24 @@ class ExpertPool:
     # --- host side --------------------------------------------------------------------------------------------
     def run(self, jobs: list) -> None:
         """Run a batch of ExpertJob / LinearJob / AttentionJob; returns when every `out` is written."""
-        if not jobs:
-            return
+        if jobs:
+            plan, owner, keep = self._plan(jobs)
+            self.run_plan(plan, owner, keep)
+
+    def run_plan(self, plan: np.ndarray, owner: np.ndarray, keep=None) -> None:
+        """Run a batch given as plan rows (int64 [J, JF], see _sched.py; addresses of live buffers that `keep`
+        holds) and owner[j] (the job whose quantised activations job j reuses). CpuOps builds these directly."""
         if self._closed:
             raise RuntimeError("the pool is closed")
         with self._run_lock:
-            plan, owner, gu_rows, dn_rows, keep = self._plan(jobs)
-            tiles, groups = S.build_tiles(plan, owner, gu_rows, dn_rows, self.pipeline)
+            while True:
+                base = address(self._scratch)
+                base += -base % _ALIGN
+                cap = self._scratch.size - _ALIGN
+                total, tiles, groups = S.prepare(plan, owner, self.threads_total, base, cap, self.pipeline)
+                if total <= cap:
+                    break
+                self._scratch = np.empty(int(total * 1.25) + 2 * _ALIGN, np.uint8)
             self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
             self._epoch += 1
             ctl, nt = self._ctl, tiles.shape[0]
@@ -264,16 +274,11 @@ class ExpertPool:
                         self._done.wait(0.01)
                         self._done.clear()
 
-    def _tile_rows(self, row_bytes: np.ndarray, total: int) -> np.ndarray:
-        """Rows per tile: about 4 tiles per thread over the phase, each 16..256 KiB of weights."""
-        target = min(256 << 10, max(16 << 10, total // (4 * self.threads_total)))
-        return np.maximum(1, target // np.maximum(row_bytes, 1)).astype(np.int64)
-
     def _plan(self, jobs):
+        """Plan rows from job objects (the general path; CpuOps builds rows itself)."""
         nj = len(jobs)
         plan = np.zeros((nj, S.JF), np.int64)
         owner = np.arange(nj, dtype=np.int64)
-        sizes = np.zeros((nj, 5), np.int64)   # scratch bytes: G, U, QH, QXG, QXU
         seen: dict[tuple, int] = {}
         keep = []
         for j, job in enumerate(jobs):
@@ -284,7 +289,6 @@ class ExpertPool:
                 p[S.J_GT], p[S.J_GROW], p[S.J_UT] = job.kt.shape[0], hd, job.kt.shape[2]
                 p[S.J_X], p[S.J_GW], p[S.J_UW] = address(job.q), address(job.kt), address(job.v)
                 p[S.J_DW], p[S.J_OUT] = address(job.pos), address(job.out)
-                p[S.J_XS] = -1 - j   # never shares a quantisation
                 keep.append(job)
                 continue
             x, out = job.x, job.out
@@ -302,8 +306,6 @@ class ExpertPool:
                 p[S.J_GAT], p[S.J_UAT], p[S.J_DAT] = gat, uat, dat
                 p[S.J_QXGROW], p[S.J_QXUROW], p[S.J_QHROW] = act_row_bytes(gat, d), act_row_bytes(uat, d), \
                     act_row_bytes(dat, f)
-                sizes[j, 0] = sizes[j, 1] = n * f * 4
-                sizes[j, 2] = n * p[S.J_QHROW]
                 keep.append(job.parts)
             else:
                 t, k = x.shape
@@ -313,34 +315,8 @@ class ExpertPool:
                 p[S.J_GAT], p[S.J_UAT] = gat, gat
                 p[S.J_QXGROW] = p[S.J_QXUROW] = act_row_bytes(gat, k)
                 keep.append(job.w)
-            key = (p[S.J_X], n, p[S.J_XS], p[S.J_D], p[S.J_GAT], p[S.J_UAT])
-            o = seen.setdefault(key, j)
-            owner[j] = o
-            if o == j:
-                sizes[j, 3] = n * p[S.J_QXGROW]
-                sizes[j, 4] = n * p[S.J_QXUROW] if p[S.J_UAT] != p[S.J_GAT] else 0
-        self._place_scratch(plan, owner, sizes)
-        expert = plan[:, S.J_KIND] == S.JOB_EXPERT
-        gu_bytes = plan[:, S.J_GROW] + np.where(expert, plan[:, S.J_UROW], 0)
-        gu_rows = self._tile_rows(gu_bytes, int((gu_bytes * plan[:, S.J_F]).sum()))
-        attn = plan[:, S.J_KIND] == S.JOB_ATTN   # one tile per head: each is T·S·hd of float64 work
-        gu_rows[attn] = 1
-        dn_rows = self._tile_rows(plan[:, S.J_DROW], int((plan[:, S.J_DROW] * plan[:, S.J_D])[expert].sum()))
-        return plan, owner, gu_rows, dn_rows, keep
-
-    def _place_scratch(self, plan, owner, sizes):
-        """Lay the batch's intermediates (G, U, QH, quantised x) out in one reused, 64-byte aligned arena."""
-        padded = (sizes + _ALIGN - 1) // _ALIGN * _ALIGN
-        offs = np.concatenate([[0], np.cumsum(padded.reshape(-1))])[:-1].reshape(sizes.shape)
-        total = int(padded.sum()) + _ALIGN
-        if self._scratch.size < total:
-            self._scratch = np.empty(int(total * 1.25), np.uint8)
-        base = address(self._scratch)
-        base += -base % _ALIGN
-        addrs = base + offs
-        plan[:, S.J_G], plan[:, S.J_U], plan[:, S.J_QH] = addrs[:, 0], addrs[:, 1], addrs[:, 2]
-        plan[:, S.J_QXG] = addrs[owner, 3]
-        plan[:, S.J_QXU] = np.where(sizes[owner, 4] > 0, addrs[owner, 4], addrs[owner, 3])
+            owner[j] = seen.setdefault((p[S.J_X], n, p[S.J_XS], p[S.J_D], p[S.J_GAT], p[S.J_UAT]), j)
+        return plan, owner, (jobs, keep)
 
     # --- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
