@@ -1,0 +1,230 @@
+"""The accel CPU backend's ops and engine: RefOps' method set on the q8 path with the Numba kernels and the pool,
+bit-identical to `RefOps(path=Q8)` / `RefEngine(path="q8")` (docs/NUMERICS.md).
+
+Matmuls, attention heads and experts run on the ExpertPool; RMSNorm and softmax run in Numba on the calling
+thread; embedding rows, RoPE, top-k and the k-ordered combine stay the reference's numpy code (reused, not
+copied). Legend: T tokens, D hidden, E experts, K top-k, F expert FFN, S cached positions, hd head size.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from strata import quants
+from strata.accel.cpu import _sched as S
+from strata.accel.cpu import dense
+from strata.accel.cpu._llvm import address
+from strata.accel.cpu.act import act_row_bytes
+from strata.accel.cpu.kernels import as_bytes
+from strata.accel.cpu.pool import AttentionJob, ExpertJob, ExpertPool
+from strata.accel.cpu.rows import MAXT
+from strata.mathfn import sigmoid32
+from strata.models import Model
+from strata.models.base import MoEConfig
+from strata.reference.engine import RefEngine
+from strata.reference.ops import RefOps
+
+
+class CpuKV:
+    """Per layer K (transposed, [Hkv, hd, C]) and V ([Hkv, C, hd]) after RoPE, float32: the attention kernel
+    vectorises over positions for scores and over hd for the weighted sum."""
+
+    def __init__(self, cfg: MoEConfig, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.kt = [np.zeros((cfg.n_head_kv, cfg.head_dim, n_ctx), np.float32) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim), np.float32) for _ in range(cfg.n_layer)]
+
+
+def _linear_row(w: np.ndarray, qtype: int) -> np.ndarray:
+    """The constant part of a dense job's plan row for weight rows w [N, row_bytes] (see _sched.py)."""
+    n, rb = w.shape
+    k = rb // quants.get(qtype).type_size * quants.get(qtype).block_size
+    act = quants.get(qtype).vec_dot_type
+    row = np.zeros(S.JF, np.int64)
+    row[S.J_KIND], row[S.J_D], row[S.J_F] = S.JOB_LINEAR, k, n
+    row[S.J_GW], row[S.J_GT], row[S.J_GROW] = address(w), qtype, rb
+    row[S.J_GAT] = row[S.J_UAT] = act
+    row[S.J_QXGROW] = row[S.J_QXUROW] = act_row_bytes(act, k)
+    return row
+
+
+class _Experts:
+    """One layer's stacked expert tensors as plan-row parts: base addresses, bytes per expert, types."""
+
+    def __init__(self, model: Model, layer: int):
+        cfg, p = model.cfg, f"blk.{layer}."
+        mats = [model.view(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down")]
+        types = [model.qtype(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down")]
+        D, F = cfg.n_embd, cfg.n_ff_exp
+        self.keep = mats
+        self.base = np.array([address(m) for m in mats], np.int64)            # [3]
+        self.stride = np.array([m.nbytes // cfg.n_expert for m in mats], np.int64)
+        acts = [quants.get(t).vec_dot_type for t in types]
+        row = np.zeros(S.JF, np.int64)
+        row[S.J_KIND], row[S.J_D], row[S.J_F] = S.JOB_EXPERT, D, F
+        row[S.J_GT], row[S.J_UT], row[S.J_DT] = types
+        row[S.J_GROW], row[S.J_UROW], row[S.J_DROW] = (quants.get(types[0]).row_bytes(D),
+                                                       quants.get(types[1]).row_bytes(D),
+                                                       quants.get(types[2]).row_bytes(F))
+        row[S.J_GAT], row[S.J_UAT], row[S.J_DAT] = acts
+        row[S.J_QXGROW], row[S.J_QXUROW], row[S.J_QHROW] = (act_row_bytes(acts[0], D), act_row_bytes(acts[1], D),
+                                                            act_row_bytes(acts[2], F))
+        row[S.J_XS] = row[S.J_OS] = D
+        for m, size in zip(mats, self.stride):
+            if not m.flags.c_contiguous or m.nbytes != size * cfg.n_expert:
+                raise ValueError(f"layer {layer}: stacked expert tensors must be contiguous")
+        self.row = row
+
+
+class CpuOps(RefOps):
+    def __init__(self, model: Model, kv: CpuKV, pool: ExpertPool,
+                 on_routing: Callable[[int, np.ndarray], None] | None = None):
+        from strata.reference.linalg import Path
+
+        super().__init__(model, Path.Q8, None, kv, on_routing)
+        self.pool = pool
+        self._wcache: dict[str, tuple[np.ndarray, int, np.ndarray]] = {}
+        self._ecache: dict[int, _Experts] = {}
+        self._stash: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # name -> (its input x, its output)
+
+    def _wb(self, name: str) -> tuple[np.ndarray, int, np.ndarray]:
+        """A weight as uint8 rows [N, row_bytes], its type and its plan row (views of the mapped file, cached)."""
+        if name not in self._wcache:
+            view = self.model.view(name)
+            w = as_bytes(view.reshape(view.shape[0], -1) if view.ndim > 1 else view.reshape(1, -1))
+            qt = self.model.qtype(name)
+            self._wcache[name] = (w, qt, _linear_row(w, qt))
+        return self._wcache[name]
+
+    # --- dense -------------------------------------------------------------------------------------------------
+    def rms_norm(self, x: np.ndarray, name: str, eps: float) -> np.ndarray:
+        w = np.ascontiguousarray(self.model.view(name), np.float32).reshape(-1)
+        x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        dense.rms_norm_rows(x2, w, float(eps), out)
+        return out.reshape(x.shape)
+
+    def _linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        """x [T, K] times several weights in one pool batch (one activation quantisation per type)."""
+        x = np.ascontiguousarray(x, np.float32)
+        T = x.shape[0]
+        ws = [self._wb(n) for n in names]
+        outs = [np.empty((T, w.shape[0]), np.float32) for w, _, _ in ws]
+        plan = np.stack([row for _, _, row in ws])
+        plan[:, S.J_N], plan[:, S.J_X], plan[:, S.J_XS] = T, address(x), x.shape[1]
+        plan[:, S.J_OUT] = [address(o) for o in outs]
+        plan[:, S.J_OS] = [o.shape[1] for o in outs]
+        acts = plan[:, S.J_GAT]
+        owner = np.array([int(np.flatnonzero(acts == a)[0]) for a in acts], np.int64)
+        self.pool.run_plan(plan, owner, (x, outs, ws))
+        return outs
+
+    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        hit = self._stash.pop(name, None)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        if name.endswith(".attn_q.weight"):   # q, k and v read the same x: one batch, k and v kept for the next calls
+            p = name[: -len("attn_q.weight")]
+            sib = [p + "attn_k.weight", p + "attn_v.weight"]
+            if all(n in self.model.tensors for n in sib):
+                q, k, v = self._linears(x, [name, *sib])
+                self._stash = {sib[0]: (x, k), sib[1]: (x, v)}
+                return q
+        return self._linears(x, [name])[0]
+
+    def attention(self, layer: int, q, k, v, pos: np.ndarray) -> np.ndarray:
+        T = q.shape[0]
+        kt, vc = self.kv.kt[layer], self.kv.v[layer]
+        kt[:, :, pos] = np.transpose(k, (1, 2, 0))                       # [Hkv, hd, T]
+        vc[:, pos, :] = np.transpose(v, (1, 0, 2))                       # [Hkv, T, hd]
+        out = np.empty((T, q.shape[1] * q.shape[2]), np.float32)         # [T, H*hd]
+        self.pool.run([AttentionJob(np.ascontiguousarray(q, np.float32), kt, vc, np.ascontiguousarray(pos, np.int64),
+                                    int(pos[-1]) + 1, out)])
+        return out
+
+    def ffn(self, h: np.ndarray, gate: str, up: str, down: str) -> np.ndarray:
+        (g, gt, _), (u, ut, _), (d, dt, _) = self._wb(gate), self._wb(up), self._wb(down)
+        h = np.ascontiguousarray(h, np.float32)
+        out = np.empty_like(h)
+        D, F = h.shape[1], g.shape[0]
+        self.pool.run([ExpertJob.from_parts(g, u, d, (gt, ut, dt), D, F, h[t0:t0 + MAXT], out[t0:t0 + MAXT])
+                       for t0 in range(0, h.shape[0], MAXT)])
+        return out
+
+    def sigmoid_gate(self, s: np.ndarray, h: np.ndarray, name: str) -> np.ndarray:
+        return s * sigmoid32(self.linear(h, name))                         # [T, D] · [T, 1]
+
+    def router_probs(self, h: np.ndarray, name: str) -> np.ndarray:
+        logits = self.linear(h, name)                                      # [T, E]
+        p = np.empty(logits.shape, np.float64)
+        dense.softmax_rows(logits, p)
+        return p.astype(np.float32)
+
+    # --- experts -----------------------------------------------------------------------------------------------
+    def experts(self, h: np.ndarray, layer: int, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Σ_k w[t,k]·expert_{ids[t,k]}(h[t]) (SPEC §3): one pool batch over every routed expert (in groups of
+        MAXT tokens), unweighted rows in expert-major order (Dm), then the combine in k order in float32."""
+        if self.on_routing:
+            self.on_routing(layer, ids)
+        ex = self._ecache.get(layer)
+        if ex is None:
+            ex = self._ecache[layer] = _Experts(self.model, layer)
+        T, K = ids.shape
+        D = self.cfg.n_embd
+        h = np.ascontiguousarray(h, np.float32)
+        flat = ids.reshape(-1).astype(np.int64)
+        order = np.argsort(flat, kind="stable")                            # [T*K] (t, k) pairs, expert-major
+        fl = flat[order]
+        run0 = np.flatnonzero(np.r_[True, fl[1:] != fl[:-1]])              # first row of each expert's run
+        run_of = np.cumsum(np.r_[True, fl[1:] != fl[:-1]]) - 1             # [T*K] run index of each row
+        in_run = np.arange(fl.size) - run0[run_of]
+        js = np.flatnonzero(in_run % MAXT == 0)                            # first row of each job
+        run_end = np.r_[run0[1:], fl.size]
+        je = np.minimum(np.r_[js[1:], fl.size], run_end[run_of[js]])
+        e = fl[js]
+        dm = np.empty((T * K, D), np.float32)                              # Dm: unweighted expert rows
+        plan = np.repeat(ex.row[None], js.size, axis=0)
+        plan[:, S.J_GW:S.J_DW + 1] = ex.base + e[:, None] * ex.stride      # gate, up, down of each job's expert
+        plan[:, S.J_N] = je - js
+        plan[:, S.J_OUT] = address(dm) + js * (4 * D)
+        if T == 1:                                                         # decode: every job reads the one row
+            xs = h
+            plan[:, S.J_X] = address(h)
+            owner = np.zeros(js.size, np.int64)
+        else:
+            xs = h[order // K]                                             # [T*K, D] gathered inputs
+            plan[:, S.J_X] = address(xs) + js * (4 * D)
+            owner = np.arange(js.size, dtype=np.int64)
+        self.pool.run_plan(plan, owner, (xs, dm, ex))
+        y = np.empty((T * K, D), np.float32)
+        y[order] = dm
+        y = y.reshape(T, K, D)                                             # [T, K, D]
+        out = np.zeros((T, D), np.float32)
+        for k in range(K):
+            out = out + w[:, k, None] * y[:, k]
+        return out
+
+
+class CpuEngine(RefEngine):
+    """RefEngine's loop (prefill, decode, generate) over CpuOps; the same bits as RefEngine(path="q8")."""
+
+    def __init__(self, model: Model, pool: ExpertPool | None = None, n_ctx: int | None = None,
+                 on_routing: Callable[[int, np.ndarray], None] | None = None):
+        from strata.reference.linalg import Path
+
+        self.model, self.cfg = model, model.cfg
+        self.path = Path.Q8
+        self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
+        self.kv = CpuKV(self.cfg, self.n_ctx)
+        self._on_routing = on_routing
+        self._own_pool = pool is None
+        self.pool = ExpertPool() if pool is None else pool
+        self.ops = CpuOps(model, self.kv, self.pool, self._routing)
+        self.pos = 0
+        self.n_chunks = 0
+
+    def close(self):
+        if self._own_pool:
+            self.pool.close()

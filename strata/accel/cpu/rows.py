@@ -1,0 +1,302 @@
+"""Row-range q8-path kernels: rows [r0, r1) of a packed weight against T <= 8 quantised activation rows.
+
+    rows_*(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+      w    uint8, the matrix's packed rows (row r at byte r·wrow), read block by block, never dequantised
+      a    uint8, T activation rows in the weight type's vec_dot_type, row t at byte t·arow
+      out  float32, y[t, r] written to out[t·ostride + r]
+
+Per block: a decoder (decode.py) unpacks exact integers, an intrinsic takes the exact integer dot, and the block
+value follows the float32 formula in the quant class's docstring (strata/quants); block values are summed in
+float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per activation family; each type
+gets its own inlined loop with its type id as a constant (LLVM folds the shared block functions' type tests),
+which keeps both the Numba compile time and each loop tight.
+Legend: T tokens, N rows, B blocks per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from strata.accel.cpu import decode as D
+from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
+                                    half_to_f32, ld_f32, ld_u8, ld_u16)
+
+MAXT = 8  # activation rows per call (SPEC §4 MAXT); callers split larger batches
+_F0, _F0125, _F025 = np.float32(0.0), np.float32(0.125), np.float32(0.25)
+
+# ggml type ids
+F32_T, F16_T, BF16_T = 0, 1, 30
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_0, IQ4_NL, MXFP4 = 2, 3, 6, 7, 8, 42, 20, 39
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 16, 17, 18, 19, 21, 22, 23, 29
+
+
+@njit(nogil=True, cache=True)
+def act_scales(a, arow, T, nba, ab):
+    """Each activation block's scale (and Q8_1's s) as float32, [T, Ba] each: ab is the activation block size,
+    34 (Q8_0, fp16 d), 36 (Q8_1, fp16 d and s) or 292 (Q8_K, f32 d)."""
+    dy = np.empty(T * nba, np.float32)
+    sy = np.zeros(T * nba, np.float32)
+    for t in range(T):
+        for b in range(nba):
+            ao = t * arow + ab * b
+            dy[t * nba + b] = ld_f32(a, ao) if ab == 292 else f16_at(a, ao)
+            if ab == 36:
+                sy[t * nba + b] = f16_at(a, ao + 2)
+    return dy, sy
+
+
+@njit(inline="always")
+def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt):
+    """The row loop shared by every quantised type; `blk` adds one weight block's values to acc[:T].
+    bs weight block bytes, ab activation block bytes, apb activation blocks per weight block."""
+    nba = wrow // bs * apb
+    dy, sy = act_scales(a, arow, T, nba, ab)
+    codes = np.empty(512, np.int16)   # int8 codes or int16 scale·code products (decode.py)
+    aux = np.empty(16, np.int32)
+    acc = np.zeros(MAXT, np.float32)
+    for r in range(r0, r1):
+        for t in range(T):
+            acc[t] = _F0
+        for b in range(nba // apb):
+            blk(w, r * wrow + b * bs, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt)
+        for t in range(T):
+            out[t * ostride + r] = acc[t]
+
+
+# --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------
+@njit(inline="always")
+def blk_q8_0(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # f(sumi)·(dx·dy)
+    dx = f16_at(w, o)
+    for t in range(T):
+        acc[t] += np.float32(dot_i8_i8_32(w, o + 2, a, t * arow + 34 * b + 2)) * (dx * dy[t * nba + b])
+
+
+@njit(inline="always")
+def blk_q4_0(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (f(sumi)·dx)·dy
+    D.dec_q4_0(w, o, codes, aux)
+    dx = f16_at(w, o)
+    for t in range(T):
+        acc[t] += (np.float32(dot_i8_i8_32(codes, 0, a, t * arow + 34 * b + 2)) * dx) * dy[t * nba + b]
+
+
+@njit(inline="always")
+def blk_d_sumi(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)·f(sumi); MXFP4: dx = 2^(e−128)
+    if qt == Q5_0:
+        D.dec_q5_0(w, o, codes, aux)
+        dx = f16_at(w, o)
+    elif qt == IQ4_NL:
+        D.dec_iq4_nl(w, o, codes, aux)
+        dx = f16_at(w, o)
+    else:
+        D.dec_mxfp4(w, o, codes, aux)
+        dx = e8m0_half(ld_u8(w, o))
+    for t in range(T):
+        acc[t] += (dx * dy[t * nba + b]) * np.float32(dot_i8_i8_32(codes, 0, a, t * arow + 34 * b + 2))
+
+
+@njit(inline="always")
+def blk_q2_0(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # d·((0 + dy0·f(s0)) + dy1·f(s1))
+    D.dec_q2_0(w, o, codes, aux)
+    dx = f16_at(w, o)
+    for t in range(T):
+        i = t * nba + 2 * b        # two Q8_0 activation blocks per 64-weight block
+        ao = t * arow + 68 * b
+        s0 = np.float32(dot_i8_i8_32(codes, 0, a, ao + 2))
+        s1 = np.float32(dot_i8_i8_32(codes, 32, a, ao + 36))
+        acc[t] += dx * ((_F0 + dy[i] * s0) + dy[i + 1] * s1)
+
+
+@njit(inline="always")
+def blk_q8_1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)·f(sumi) + mx·sy: Q4_1, Q5_1
+    if qt == Q4_1:
+        D.dec_q4_1(w, o, codes, aux)
+    else:
+        D.dec_q5_1(w, o, codes, aux)
+    dx, mx = f16_at(w, o), f16_at(w, o + 2)
+    for t in range(T):
+        sumi = np.float32(dot_i8_i8_32(codes, 0, a, t * arow + 36 * b + 4))
+        acc[t] += (dx * dy[t * nba + b]) * sumi + mx * sy[t * nba + b]
+
+
+@njit(nogil=True, cache=True)
+def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+    """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64); the type passed as a constant per branch."""
+    if qt == Q8_0:
+        _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0)
+    elif qt == Q4_0:
+        _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0)
+    elif qt == Q5_0:
+        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0)
+    elif qt == IQ4_NL:
+        _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_NL)
+    elif qt == MXFP4:
+        _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, MXFP4)
+    elif qt == Q2_0:
+        _loop(blk_q2_0, 18, 34, 2, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_0)
+    elif qt == Q4_1:
+        _loop(blk_q8_1, 20, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_1)
+    else:
+        _loop(blk_q8_1, 24, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_1)
+
+
+# --- blocks with Q8_K activations (292 bytes: f32 d | qs[256] | bsums[16]) -------------------------------------
+@njit(inline="always")
+def blk_mins(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) − (dmin·dy)·f(summs)
+    if qt == Q4_K:
+        D.dec_q4_k(w, o, codes, aux)
+        d, dm = f16_at(w, o), f16_at(w, o + 2)
+    elif qt == Q5_K:
+        D.dec_q5_k(w, o, codes, aux)
+        d, dm = f16_at(w, o), f16_at(w, o + 2)
+    else:
+        D.dec_q2_k(w, o, codes, aux)
+        d, dm = f16_at(w, o + 80), f16_at(w, o + 82)
+    for t in range(T):
+        ao = t * arow + 292 * b
+        dyv = dy[t * nba + b]
+        isum = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
+        summs = np.float32(dot_i32_i16_16(aux, 0, a, ao + 260))
+        acc[t] += (d * dyv) * isum - (dm * dyv) * summs
+
+
+@njit(inline="always")
+def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) [· ggml's tail]
+    tail = _F0
+    if qt == Q3_K:
+        D.dec_q3_k(w, o, codes, aux)
+        d = f16_at(w, o + 108)
+    elif qt == Q6_K:
+        D.dec_q6_k(w, o, codes, aux)
+        d = f16_at(w, o + 208)
+    elif qt == IQ3_S:
+        D.dec_iq3_s(w, o, codes, aux)
+        d = f16_at(w, o)
+    elif qt == IQ2_XXS:
+        D.dec_iq2_xxs(w, o, codes, aux)
+        d, tail = f16_at(w, o), _F0125
+    elif qt == IQ2_XS:
+        D.dec_iq2_xs(w, o, codes, aux)
+        d, tail = f16_at(w, o), _F0125
+    elif qt == IQ2_S:
+        D.dec_iq2_s(w, o, codes, aux)
+        d, tail = f16_at(w, o), _F0125
+    else:
+        D.dec_iq3_xxs(w, o, codes, aux)
+        d, tail = f16_at(w, o), _F025
+    for t in range(T):
+        bv = (d * dy[t * nba + b]) * np.float32(dot_i16_i8_256(codes, 0, a, t * arow + 292 * b + 4))
+        if tail != _F0:  # IQ2_* and IQ3_XXS: ggml scales by 0.125f / 0.25f (per block here, see iquants.py)
+            bv = bv * tail
+        acc[t] += bv
+
+
+@njit(inline="always")
+def blk_iq1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·(f(s1) + 0.125·f(s2))
+    if qt == IQ1_S:
+        D.dec_iq1_s(w, o, codes, aux)
+        d = f16_at(w, o)
+    else:
+        D.dec_iq1_m(w, o, codes, aux)
+        d = half_to_f32((ld_u16(w, o + 48) >> 12) | ((ld_u16(w, o + 50) >> 8) & 0xF0)
+                        | ((ld_u16(w, o + 52) >> 4) & 0xF00) | (ld_u16(w, o + 54) & 0xF000))
+    for t in range(T):
+        ao = t * arow + 292 * b
+        s1 = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
+        if qt == IQ1_S:   # sumi1 = Σ ±ls·bsums
+            s2 = np.float32(dot_i32_i16_16(aux, 0, a, ao + 260))
+        else:             # sumi2 = Σ ls·(±1)·a
+            s2 = np.float32(dot_i16_i8_256(codes, 512, a, ao + 4))
+        acc[t] += (d * dy[t * nba + b]) * (s1 + _F0125 * s2)
+
+
+@njit(inline="always")
+def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per unit: ((d·dy)·f(ls))·f(sumi)
+    D.dec_iq4_xs(w, o, codes, aux)
+    d = f16_at(w, o)
+    for t in range(T):
+        ao = t * arow + 292 * b + 4
+        d4d8 = d * dy[t * nba + b]
+        for s in range(8):
+            acc[t] += (d4d8 * np.float32(aux[s])) * np.float32(dot_i8_i8_32(codes, 32 * s, a, ao + 32 * s))
+
+
+@njit(nogil=True, cache=True)
+def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+    """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
+    a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
+    if qt == Q4_K:
+        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K)
+    elif qt == Q5_K:
+        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K)
+    elif qt == Q2_K:
+        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K)
+    elif qt == Q6_K:
+        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q6_K)
+    elif qt == Q3_K:
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K)
+    elif qt == IQ3_S:
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S)
+    elif qt == IQ2_XXS:
+        _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS)
+    elif qt == IQ2_XS:
+        _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS)
+    elif qt == IQ2_S:
+        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S)
+    elif qt == IQ3_XXS:
+        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS)
+    elif qt == IQ4_XS:
+        _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS)
+    elif qt == IQ1_S:
+        _loop(blk_iq1, 50, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_S)
+    else:
+        _loop(blk_iq1, 56, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_M)
+
+
+@njit(inline="always")
+def _fval(qt, buf, off):
+    """One float weight/activation of type F32, F16 or BF16 at byte `off`, as float32."""
+    if qt == F32_T:
+        return ld_f32(buf, off)
+    if qt == F16_T:
+        return f16_at(buf, off)
+    return bits_f32(ld_u16(buf, off) << 16)
+
+
+@njit(nogil=True, cache=True)
+def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+    """F32/F16/BF16 (``ggml_vec_dot_f16`` & co.): y = f32(Σ_k f64(f32(w_k·a_k))), k in order, from +0.0."""
+    es = 4 if qt == F32_T else 2
+    k = wrow // es
+    acc = np.zeros(MAXT, np.float64)
+    for r in range(r0, r1):
+        for t in range(T):
+            acc[t] = 0.0
+        for i in range(k):
+            wv = _fval(qt, w, r * wrow + es * i)
+            for t in range(T):
+                acc[t] += np.float64(wv * _fval(qt, a, t * arow + es * i))
+        for t in range(T):
+            out[t * ostride + r] = np.float32(acc[t])
+
+
+@njit(nogil=True, cache=True)
+def matmul_rows(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+    """Dispatch on the ggml type id (callers checked it is supported): the pool's entry to the kernels."""
+    if qt == Q4_0 or qt == Q4_1 or qt == Q5_0 or qt == Q5_1 or qt == Q8_0 or qt == IQ4_NL or qt == MXFP4 \
+            or qt == Q2_0:
+        rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+    elif qt == F32_T or qt == F16_T or qt == BF16_T:
+        rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+    else:
+        rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+
+
+def family(qtype: int):
+    """The compiled row function for a type (host-side dispatch: kernels.rows)."""
+    if qtype in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_0):
+        return rows_q8_0
+    if qtype in (F32_T, F16_T, BF16_T):
+        return rows_float
+    return rows_q8_k
