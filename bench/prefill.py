@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--json")
     ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
+    ap.add_argument("--pool-workers", type=int, help="CPU pool workers for decode misses (default: cores - 1)")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -73,8 +74,14 @@ def main():
     fixed = full.dense + full.kv + full.decode + 700 * 2**20
     budget = fixed + quarter * full.slot_bytes
     arena = Arena(m, dev, log=log)
-    cfg = policy.from_process()
-    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena)
+    import dataclasses
+
+    from strata.accel.cpu.pool import ExpertPool, default_workers
+
+    pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else default_workers())
+    # the prompt path without the CPU share (bench/cpu_share.py measures that); decode misses go to the pool
+    cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
+    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
     er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena)
     bw = h2d_gbps(dev, full.slot_bytes)
     hbw = host_gbps(16)
@@ -115,7 +122,8 @@ def main():
         secs = eng.stats.decode_s - s0[1]
         misses = (eng.stats.lookups - s0[2]) - (eng.stats.hits - s0[3])
         miss_bytes = misses * full.slot_bytes / n
-        dec[name] = {"tok_s": n / secs, "missed_mb_per_token": miss_bytes / 1e6,
+        frac = eng.cpu_block.decode_frac if eng.cpu_block else 0.0
+        dec[name] = {"tok_s": n / secs, "missed_mb_per_token": miss_bytes / 1e6, "cpu_frac": frac,
                      "bound_tok_s": hbw * 1e9 / miss_bytes if miss_bytes else None}
     print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {full.slot_bytes / 2**20:.2f} MiB; "
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
@@ -133,7 +141,8 @@ def main():
               f"{table[L]['streamed_mb']:12.0f}")
     for name, d in dec.items():
         b = d["bound_tok_s"]
-        print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token"
+        print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token "
+              f"(CPU takes {100 * d['cpu_frac']:.0f}% of misses)"
               + (f"; host-bandwidth bound {b:.1f} tok/s ({d['tok_s'] / b:.2f} of it)" if b else ""))
     if a.json:
         with open(a.json, "w") as fh:

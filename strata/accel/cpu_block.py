@@ -41,6 +41,17 @@ class CpuBlock:
         self._c_ms = self._g_ms = None
         self.log = log or (lambda s: print(s, file=sys.stderr))
 
+    def swap(self, policy) -> None:
+        """Make `policy` current, each policy keeping its own event sets and pending window (a reading is
+        read at that policy's next routing sync, as across requests)."""
+        saved = getattr(self, "_saved", {})
+        saved[id(self.policy)] = (self.policy, self.ev, self.parity, self.pending_parity)
+        self._saved = saved
+        _, self.ev, self.parity, self.pending_parity = saved.get(
+            id(policy), (policy, [[self.dev.event() for _ in range(4)] for _ in range(2)], 0, None))
+        self.policy = policy
+        self.auto = policy.kind in (ShareKind.AUTO, ShareKind.AUTO_UNGATED)
+
     # --- prefill: the share ------------------------------------------------------------------------------------
     def begin_layer(self, layer: int, h, stream) -> bool:
         """Top of an eligible layer (routed-only walk, pool free): the arm; copies the input when it shares."""

@@ -101,6 +101,16 @@ class GpuEngine:
         self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
 
+    def use_share(self, share, policy=None):
+        """Switch the prefill CPU share (a `policy.Share`), keeping `policy` (a SharePolicy with its meter and
+        gate state) when given: benchmarks interleave settings on one engine this way."""
+        from strata.policy import share_policy
+
+        assert self.cpu_block is not None, "the CPU share needs the pool"
+        self.share = share
+        self.cpu_block.swap(policy or share_policy(share))
+        return self.cpu_block.policy
+
     def _probe_h2d(self, reps: int = 8) -> float:
         """Pinned H2D GB/s at blob-sized copies (the decode ring's slot 0; a few ms at start)."""
         blob = self.arena.blob(0, 0)

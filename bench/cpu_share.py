@@ -1,0 +1,102 @@
+"""The prefill CPU share on the GPU engine (issue: STRATA_PREFILL_CPU_SHARE=auto|x|0): interleaved rounds of off /
+fixed shares / auto at several prompt lengths, medians, the share chosen, experts the CPU took, gate decisions;
+then a losing configuration (the pool cut to one worker) to show the gate caps the loss.
+
+python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
+                          [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--cache-frac", type=float, default=0.25)
+    ap.add_argument("--prompts", default="250,512,600,900,1000,2048")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shares", default="0.3,0.6")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--losing-workers", type=int, default=1)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    from strata import models, policy
+    from strata.accel.arena import Arena
+    from strata.accel.cpu.pool import ExpertPool, default_workers
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import plan_memory
+    from strata.policy import Share, ShareMode
+
+    log = lambda s: print(s, file=sys.stderr)
+    lengths = [int(x) for x in a.prompts.split(",")]
+    m = models.load(a.model)
+    c = m.cfg
+    dev = CudaDevice()
+    n_ctx = max(lengths) + 16
+    full = plan_memory(m, dev.free_bytes(), n_ctx=n_ctx)
+    budget = full.dense + full.kv + full.decode + 700 * 2**20 + int(a.cache_frac * c.n_layer * c.n_expert) * full.slot_bytes
+    arena = Arena(m, dev, log=log)
+    cfg = policy.from_process()
+    rng = np.random.default_rng(0)
+    settings = [("off", Share(ShareMode.OFF))] + [(f"{x}", Share(ShareMode.FIXED, float(x)))
+                                                  for x in a.shares.split(",")] + [("auto", Share(ShareMode.AUTO, by_default=True))]
+    report = {}
+    for label, workers in (("wins", a.workers if a.workers is not None else default_workers()),
+                           ("loses", a.losing_workers)):
+        pool = ExpertPool(workers=workers)
+        eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
+        pols = {name: eng.use_share(sh) for name, sh in settings}
+        for name, sh in settings:                                   # warm-up (kernels, Numba, pools)
+            eng.use_share(sh, pols[name])
+            eng.reset()
+            eng.prefill(rng.integers(0, c.n_vocab, 300).tolist())
+        pols = {name: eng.use_share(sh) for name, sh in settings}   # fresh meters and gates for the runs
+        res = {L: {n: [] for n, _ in settings} for L in lengths}
+        cpu = {L: {n: [] for n, _ in settings} for L in lengths}
+        for r in range(a.rounds):
+            for L in lengths:
+                ids = rng.integers(0, c.n_vocab, L).tolist()
+                for name, sh in settings:
+                    eng.use_share(sh, pols[name])
+                    eng.reset()
+                    n0 = eng.cpu_block.stats["cpu_experts"]
+                    t0 = time.perf_counter()
+                    eng.prefill(ids)
+                    res[L][name].append((time.perf_counter() - t0) * 1e3)
+                    cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
+        print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers, "
+              f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")
+        print(f"{'tokens':>7} " + " ".join(f"{n:>16}" for n, _ in settings))
+        tab = {}
+        for L in lengths:
+            off = statistics.median(res[L]["off"])
+            cells, row = [], {}
+            for n, _ in settings:
+                med = statistics.median(res[L][n])
+                row[n] = {"ms": med, "cpu_experts": statistics.median(cpu[L][n]), "vs_off": med / off - 1}
+                cells.append(f"{med:8.1f} ({100 * (med / off - 1):+5.1f}%)" if n != "off" else f"{med:16.1f}")
+            tab[L] = row
+            print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
+        auto = pols["auto"]
+        print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
+              f"after {auto.gate.layers} eligible layers; CPU experts per run (auto) "
+              + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}" for L in lengths))
+        report[label] = {"workers": workers, "table": tab, "auto_share": auto.meter.share, "gate": auto.gate.gate}
+        pool.close()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
