@@ -51,15 +51,17 @@ def main():
     settings = [("off", Share(ShareMode.OFF))] + [(f"{x}", Share(ShareMode.FIXED, float(x)))
                                                   for x in a.shares.split(",")] + [("auto", Share(ShareMode.AUTO, by_default=True))]
     report = {}
-    for label, workers in (("wins", a.workers if a.workers is not None else default_workers()),
+    # the engine thread and the issuer want a core each: the pool takes the rest
+    for label, workers in (("wins", a.workers if a.workers is not None else max(1, default_workers() - 1)),
                            ("loses", a.losing_workers)):
         pool = ExpertPool(workers=workers)
         eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
         pols = {name: eng.use_share(sh) for name, sh in settings}
         for name, sh in settings:                                   # warm-up (kernels, Numba, pools)
             eng.use_share(sh, pols[name])
-            eng.reset()
-            eng.prefill(rng.integers(0, c.n_vocab, 300).tolist())
+            for L in lengths:
+                eng.reset()
+                eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
         pols = {name: eng.use_share(sh) for name, sh in settings}   # fresh meters and gates for the runs
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}

@@ -78,7 +78,7 @@ def main():
 
     from strata.accel.cpu.pool import ExpertPool, default_workers
 
-    pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else default_workers())
+    pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1))
     # the prompt path without the CPU share (bench/cpu_share.py measures that); decode misses go to the pool
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
     eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
@@ -89,9 +89,10 @@ def main():
     rng = np.random.default_rng(0)
     res = {L: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
            for L in lengths}
-    for eng in (eq, er):                                      # warm-up: kernels compiled, pools filled
-        eng.reset()
-        eng.prefill(rng.integers(0, c.n_vocab, 300).tolist())
+    for eng in (eq, er):                      # warm-up at every length: kernels compiled, memory pools grown
+        for L in lengths:
+            eng.reset()
+            eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
     for r in range(a.rounds):
         for L in lengths:
             ids = rng.integers(0, c.n_vocab, L).tolist()

@@ -84,6 +84,7 @@ class GpuEngine:
         if pool is not None:
             from strata.accel.cpu_block import CpuBlock
 
+            self._warm_pool(pool)
             self.cpu_block = CpuBlock(dev, c, self.arena, pool, self.share, self.config, max(p.chunk, MAXT))
             if self.share.by_default:
                 self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
@@ -101,6 +102,19 @@ class GpuEngine:
         self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
 
+    def _warm_pool(self, pool) -> None:
+        """One tiny job per distinct layer format, so Numba compiles at load time, not in the first prompt."""
+        from strata.accel.cpu.pool import ExpertJob
+
+        c, seen = self.cfg, set()
+        for l in range(c.n_layer):
+            if self.arena.types[l] in seen:
+                continue
+            seen.add(self.arena.types[l])
+            x = np.zeros((1, c.n_embd), np.float32)
+            pool.run([ExpertJob(self.arena.blob(l, 0), self.arena.types[l], c.n_embd, c.n_ff_exp, x,
+                                np.zeros((1, c.n_embd), np.float32))])
+
     def use_share(self, share, policy=None):
         """Switch the prefill CPU share (a `policy.Share`), keeping `policy` (a SharePolicy with its meter and
         gate state) when given: benchmarks interleave settings on one engine this way."""
@@ -117,7 +131,7 @@ class GpuEngine:
         e0, e1 = self.dev.event(), self.dev.event()
         e0.record(self.dev.copy)
         for _ in range(reps):
-            self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)
+            self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)   # (nothing reads the ring yet)
         e1.record(self.dev.copy)
         e1.synchronize()
         ms = e0.elapsed_ms(e1)
@@ -297,7 +311,7 @@ class GpuEngine:
 
     def _stream_group(self, layer, lay, walk: Walk, grp: list[int]) -> None:
         walk.ensure_issued(grp[-1])
-        refs = self._ring.acquire([walk.slot(kq) for kq in grp])
+        refs = walk.acquire(grp)
         members = [walk.entries[kq][1] for kq in grp]
         self._runner.group(layer, members, refs, lay, on_released=lambda: walk.consume(grp))
 

@@ -20,28 +20,33 @@ class Ring:
     def __init__(self, dev, buf):
         self.dev, self.buf = dev, buf                              # buf: device uint8 [R, slot_bytes]
         self.n = buf.shape[0]
-        self.copied = [dev.event() for _ in range(self.n)]
         self.used = [None] * self.n          # the event that frees slot i (one event may free a whole group)
         self._waited = None                  # the last `used` event the copy stream waits for (skip repeats)
         self.bytes_in = 0
-        self.copies = 0
+        self.copies = 0                      # experts copied
+        self.transfers = 0                   # copy calls (a run of neighbouring experts is one)
 
-    def issue(self, i: int, blob: np.ndarray) -> None:
-        """Copy `blob` (pinned) into slot i once its last reader is done."""
-        used = self.used[i]
-        if used is not None and used is not self._waited:
-            self.dev.copy.wait(used)
-            self._waited = used
-        self.dev.h2d(self.buf[i, :blob.nbytes], blob, self.dev.copy)
-        self.copied[i].record(self.dev.copy)
-        self.bytes_in += blob.nbytes
-        self.copies += 1
-
-    def acquire(self, slots: list[int]) -> list[BlobRef]:
-        """Make later compute wait for the copies into `slots`, issued in this order: the copy stream runs in
-        order, so waiting for the last one covers them all."""
-        self.dev.compute.wait(self.copied[slots[-1]])
-        return [BlobRef(self.buf, i) for i in slots]
+    def copy_run(self, s0: int, blobs: np.ndarray):
+        """Copy m consecutive blobs (pinned [m, blob]) into slots s0 .. s0+m-1 once their last readers are
+        done; one transfer when a slot is exactly a blob. Returns the event recorded after the copy."""
+        m, nb = blobs.shape
+        for i in range(s0, s0 + m):
+            used = self.used[i]
+            if used is not None and used is not self._waited:
+                self.dev.copy.wait(used)
+                self._waited = used
+        if nb == self.buf.shape[1]:
+            self.dev.h2d(self.buf[s0:s0 + m].reshape(-1), blobs.reshape(-1), self.dev.copy)
+            self.transfers += 1
+        else:
+            for j in range(m):
+                self.dev.h2d(self.buf[s0 + j, :nb], blobs[j], self.dev.copy)
+            self.transfers += m
+        ev = self.dev.event()
+        ev.record(self.dev.copy)
+        self.bytes_in += blobs.nbytes
+        self.copies += m
+        return ev
 
     def release(self, slots: list[int]) -> None:
         """The kernels that read `slots` are enqueued: one event frees them all."""
@@ -53,16 +58,17 @@ class Ring:
 
 class Walk:
     """One chunk's queue of (layer, expert) entries through a ring, issued by the engine thread (routed-only)
-    or by an issuer thread (stream-all). `consume(k)` marks entry k done and records its slot's `used`; entries
-    may be consumed out of order (an unrouted entry inside a group's span), and `consumed` is the watermark:
-    every entry below it is done, which is what issuing entry k + R needs."""
+    or by an issuer thread (stream-all). Neighbouring experts that land in neighbouring slots go in one copy.
+    `consume(ks)` marks entries done and releases their slots; entries may be consumed out of order (an
+    unrouted entry inside a group's span), and `consumed` is the watermark: every entry below it is done,
+    which is what issuing entry k + R needs."""
 
     def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool):
         self.ring, self.arena, self.entries = ring, arena, entries
-        self.index = {le: k for k, le in enumerate(entries)}
-        self.issued = 0           # entries [0, issued) have their copy enqueued and `copied` recorded
+        self.issued = 0           # entries [0, issued) have their copy enqueued
         self.consumed = 0         # watermark: entries [0, consumed) are all done
         self._done = np.zeros(len(entries) + 1, bool)
+        self._copied: list = [None] * len(entries)   # the event after the copy that carried entry k
         self._cv = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
@@ -74,22 +80,33 @@ class Walk:
     def slot(self, k: int) -> int:
         return k % self.ring.n
 
-    def _issue_one(self, k: int) -> None:
-        l, e = self.entries[k]
-        self.ring.issue(self.slot(k), self.arena.blob(l, e))
+    def _issue_run(self, limit: int) -> int:
+        """Issue the run of entries from `issued` (below `limit`): same layer, consecutive experts, no ring
+        wrap. Returns the new `issued`."""
+        k0 = self.issued
+        l, e0 = self.entries[k0]
+        k1 = k0 + 1
+        while (k1 < limit and self.entries[k1] == (l, e0 + k1 - k0) and self.slot(k1) == self.slot(k0) + k1 - k0):
+            k1 += 1
+        ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0])
+        for k in range(k0, k1):
+            self._copied[k] = ev
+        return k1
 
     def _issuer(self):
         try:
             self.ring.dev.bind_thread()
-            for k in range(len(self.entries)):
+            n = len(self.entries)
+            while self.issued < n:
                 with self._cv:
-                    while not self._stop and self.consumed <= k - self.ring.n:
+                    while not self._stop and self.consumed + self.ring.n <= self.issued:
                         self._cv.wait()
                     if self._stop:
                         return
-                self._issue_one(k)
+                    limit = min(n, self.consumed + self.ring.n)
+                k1 = self._issue_run(limit)
                 with self._cv:
-                    self.issued = k + 1
+                    self.issued = k1
                     self._cv.notify_all()
         except BaseException as e:  # noqa: BLE001 - re-raised in the engine thread
             with self._cv:
@@ -100,9 +117,9 @@ class Walk:
         """Block until entry k's copy is enqueued (issuing inline when there is no issuer thread)."""
         if self.thread is None:
             while self.issued <= k:
-                assert self.issued - self.ring.n < self.consumed, "routed-only walk: ring overrun"
-                self._issue_one(self.issued)
-                self.issued += 1
+                limit = min(len(self.entries), self.consumed + self.ring.n)
+                assert self.issued < limit, "routed-only walk: ring overrun"
+                self.issued = self._issue_run(limit)
             return
         with self._cv:
             while self.issued <= k and self._error is None:
@@ -113,9 +130,15 @@ class Walk:
     def prefetch(self) -> None:
         """Routed-only walk: keep up to R transfers in flight ahead of compute (SPEC §3)."""
         if self.thread is None:
-            while self.issued < len(self.entries) and self.issued < self.consumed + self.ring.n:
-                self._issue_one(self.issued)
-                self.issued += 1
+            limit = min(len(self.entries), self.consumed + self.ring.n)
+            while self.issued < limit:
+                self.issued = self._issue_run(limit)
+
+    def acquire(self, ks: list[int]) -> list[BlobRef]:
+        """Make later compute wait for entries `ks` (issued, in order): copies land in order, so the event of
+        the copy that carried the last one covers them all."""
+        self.ring.dev.compute.wait(self._copied[ks[-1]])
+        return [BlobRef(self.ring.buf, self.slot(k)) for k in ks]
 
     def consume(self, ks: list[int]) -> None:
         """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""
