@@ -21,10 +21,21 @@ def _machine(a):
 def cmd_whatif(a) -> None:
     from .whatif import PLOT_LENGTHS, whatif
 
-    settings = ("off", a.share) if a.share and a.share != "off" else ("off",) if a.share else ("off", "0.5", "auto")
+    m = _machine(a)
+    if a.share:
+        settings = ("off", a.share) if a.share != "off" else ("off",)
+    else:  # "default" (unset) differs from "auto" only where the share is on by default (CUDA)
+        settings = ("off", "0.5", "auto", "default") if m.gpu.api == "cuda" else ("off", "0.5", "auto")
     t0 = time.perf_counter()
-    w = whatif(_machine(a), model(a.model), a.prompt, settings, ctx=a.ctx, cache_slots=a.cache_slots,
-               lengths=PLOT_LENGTHS if a.plot else ())
+    w = whatif(
+        m,
+        model(a.model),
+        a.prompt,
+        settings,
+        ctx=a.ctx,
+        cache_slots=a.cache_slots,
+        lengths=PLOT_LENGTHS if a.plot else (),
+    )
     print(w.report())
     if a.plot:
         w.plot(a.plot)
@@ -35,7 +46,7 @@ def cmd_whatif(a) -> None:
 def cmd_sweep(a) -> None:
     from .sweep import grid, sweep, table
 
-    split = lambda s: [x for x in s.split(",") if x]   # noqa: E731
+    split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     points = grid(split(a.machines), split(a.models), split(a.prompts), split(a.shares), a.layers)
     t0 = time.perf_counter()
     rows = sweep(points, a.scheduler, a.workers)
@@ -51,8 +62,10 @@ def cmd_sweep(a) -> None:
 def cmd_catalogue(a) -> None:
     cat = catalogue()
     for name, m in sorted(cat["machines"].items()):
-        print(f"{name:20} {m.gpu.name:22} {m.gpu.vram_gib:5g} GiB  {m.cpu.name:16} {m.cpu.cores:3d}c {m.cpu.isa:6} "
-              f"PCIe{m.link.pcie_gen} {m.link.h2d_gbps:5.1f} GB/s  host {m.host_issue_us:g} us")
+        print(
+            f"{name:20} {m.gpu.name:22} {m.gpu.vram_gib:5g} GiB  {m.cpu.name:16} {m.cpu.cores:3d}c {m.cpu.isa:6} "
+            f"PCIe{m.link.pcie_gen} {m.link.h2d_gbps:5.1f} GB/s  host {m.host_issue_us:g} us"
+        )
     print("gpus:", ", ".join(sorted(cat["gpus"])))
     print("cpus:", ", ".join(sorted(cat["cpus"])))
     print("links:", ", ".join(sorted(cat["links"])))
@@ -61,7 +74,7 @@ def cmd_catalogue(a) -> None:
 def cmd_calibrate(a) -> None:
     from .calibrate import calibrate
 
-    calibrate(write=a.write)
+    calibrate(write=a.write, stages=tuple(int(s) for s in a.stages.split(",")))
 
 
 def main(argv=None) -> None:
@@ -69,13 +82,17 @@ def main(argv=None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("whatif", help="predict prompt/decode speed per CPU-share setting on a machine")
     w.add_argument("--machine", help="a catalogue machine (python -m sim catalogue)")
-    w.add_argument("--gpu"), w.add_argument("--cpu"), w.add_argument("--link", help="default: the GPU's usual")
+    w.add_argument("--gpu"), w.add_argument("--cpu"), w.add_argument(
+        "--link", help="default: the GPU's usual"
+    )
     w.add_argument("--ram", type=float, default=64.0, help="GiB")
     w.add_argument("--host-issue-us", type=float, help="host time per streamed expert (default: the API's)")
     w.add_argument("--workers", type=int, help="CPU pool workers (default: cores)")
     w.add_argument("--model", required=True, help="preset:MIX (qwen3-30b-a3b:Q4_K_M, flash-next:IQ2_XS/Q2_0)")
     w.add_argument("--prompt", type=int, default=600)
-    w.add_argument("--share", help="off | auto | default | a number; default: compare off, 0.5, auto")
+    w.add_argument(
+        "--share", help="off | auto | default | a number; default: compare off, 0.5, auto, default"
+    )
     w.add_argument("--ctx", type=int, default=8192)
     w.add_argument("--cache-slots", type=int, help="--expert-cache N (default: sized from free VRAM)")
     w.add_argument("--plot", help="write prompt time against prompt length (PNG)")
@@ -94,6 +111,9 @@ def main(argv=None) -> None:
     c.set_defaults(fn=cmd_catalogue)
     k = sub.add_parser("calibrate", help="fit the calibrated constants to the seeds")
     k.add_argument("--write", action="store_true", help="rewrite sim/data/calibration.json")
+    k.add_argument(
+        "--stages", default="1,2,3", help="which stages to fit (1 RTX 5090, 2 RX 7900 GRE, 3 RX 6800)"
+    )
     k.set_defaults(fn=cmd_calibrate)
     a = p.parse_args(argv)
     a.fn(a)

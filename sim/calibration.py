@@ -13,30 +13,30 @@ PATH = Path(__file__).parent / "data" / "calibration.json"
 
 @dataclass(frozen=True, slots=True)
 class Calib:
-    host_issue_factor: float              # host time per streamed expert x this while the CPU pool is busy
-    link_factor: float                    # H2D bandwidth x this while the CPU pool reads DRAM
-    host_issue_us: Mapping[str, float]    # per API, for machines composed on the fly
-    launch_us: Mapping[str, float]        # per kernel launch, per API
-    sync_us: Mapping[str, float]          # the routing sync's host wake-up, per API
-    group_us: float                       # host grouping: fixed part
-    group_us_per_pair: float              # ... per (token, k) pair
-    pin_us_per_mib: float                 # cudaHostAlloc/grow of a pinned buffer
-    pool_dispatch_us: float               # CPU thread launch + join
-    cpu_job_us: float                     # per CPU expert job (barriers, activation quantisation)
-    cpu_cycles_per_weight: Mapping[str, float]   # unpack cost per weight by type family (AVX-512 widths)
-    cpu_cycles_per_mac: float             # per weight per token (AVX-512 widths)
-    isa_factor: Mapping[str, float]       # cycles x this by ISA (AVX2 has half AVX-512's lanes)
-    gpu_mm_eff: float                     # fraction of the dense matrix rate the expert/dense kernels reach
-    gpu_bw_eff: float                     # fraction of memory bandwidth they reach
-    gpu_kernels_per_expert: int           # launches per streamed expert (gate/up, swiglu, quantise, down)
-    gpu_expert_us: float                  # per expert outside the roofline: gather into group buffers, tiles
-    gpu_kernels_per_layer: int            # launches per layer outside the experts
-    fp16_path_types: tuple[str, ...]      # types without an int8 (MMQ) instance: dequantise to FP16 + GEMM
-    zipf_s: float                         # routing: expert popularity ~ rank^-s per layer
-    chunk_sigma: float                    # routing: per-chunk lognormal spread of popularity (topic drift)
-    default_link: Mapping[str, str]       # gpu -> link, for machines composed on the fly
-    extra_dense: Mapping[str, Mapping[str, tuple[float, float]]]   # model -> machine -> (us/layer, us/token)
-    extra_dense_reference: Mapping[str, str]   # model -> the machine whose figures scale to other machines
+    host_issue_factor: float  # host time per streamed expert x this while the CPU pool is busy
+    link_factor: float  # H2D bandwidth x this while the CPU pool reads DRAM
+    host_issue_us: Mapping[str, float]  # per API, for machines composed on the fly
+    launch_us: Mapping[str, float]  # per kernel launch, per API
+    sync_us: Mapping[str, float]  # the routing sync's host wake-up, per API
+    group_us: float  # host grouping: fixed part
+    group_us_per_pair: float  # ... per (token, k) pair
+    pin_us_per_mib: float  # cudaHostAlloc/grow of a pinned buffer
+    pool_dispatch_us: float  # CPU thread launch + join
+    cpu_job_us: float  # per CPU expert job (barriers, activation quantisation)
+    cpu_cycles_per_weight: Mapping[str, float]  # unpack cost per weight by type family (AVX-512 widths)
+    cpu_cycles_per_mac: float  # per weight per token (AVX-512 widths)
+    isa_factor: Mapping[str, float]  # cycles x this by ISA (AVX2 has half AVX-512's lanes)
+    gpu_mm_eff: float  # fraction of the dense matrix rate the expert/dense kernels reach
+    gpu_bw_eff: float  # fraction of memory bandwidth they reach
+    gpu_kernels_per_expert: int  # launches per streamed expert (gate/up, swiglu, quantise, down)
+    gpu_expert_us: float  # per expert outside the roofline: gather into group buffers, tiles
+    gpu_kernels_per_layer: int  # launches per layer outside the experts
+    fp16_path_types: tuple[str, ...]  # types without an int8 (MMQ) instance: dequantise to FP16 + GEMM
+    zipf_s: float  # routing: expert popularity ~ rank^-s per layer
+    chunk_sigma: float  # routing: per-chunk lognormal spread of popularity (topic drift)
+    default_link: Mapping[str, str]  # gpu -> link, for machines composed on the fly
+    extra_dense: Mapping[str, Mapping[str, tuple[float, float]]]  # model -> machine -> (us/layer, us/token)
+    extra_dense_reference: Mapping[str, str]  # model -> the machine whose figures scale to other machines
     sources: Mapping[str, str]
 
     @classmethod

@@ -10,17 +10,25 @@ from .calibration import CALIB, Calib
 from .hardware import Machine, catalogue
 from .models import TYPE_NAME, SimModel, family
 
-TILE = 8   # tokens per MMQ column tile (ours: the padding a few-token expert pays)
+TILE = 8  # tokens per MMQ column tile (ours: the padding a few-token expert pays)
 
 
 class Costs:
     def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB):
         self.machine, self.model, self.calib = machine, model, calib
         s, L = model.shape, model.n_layer
-        self._blob = [model.blob_bytes(l) for l in range(L)]   # per-layer tables: the hot path reads these
-        self._fp16 = [model.expert_type(l) in calib.fp16_path_types or machine.gpu.int8_tops == 0 for l in range(L)]
-        self._unpack = [sum(n * calib.cpu_cycles_per_weight[family(TYPE_NAME[s.type_of(role, l)])]
-                            for role, n in (("exp_gate", 2), ("exp_down", 1))) / 3 for l in range(L)]
+        self._blob = [model.blob_bytes(l) for l in range(L)]  # per-layer tables: the hot path reads these
+        self._fp16 = [
+            model.expert_type(l) in calib.fp16_path_types or machine.gpu.int8_tops == 0 for l in range(L)
+        ]
+        self._unpack = [
+            sum(
+                n * calib.cpu_cycles_per_weight[family(TYPE_NAME[s.type_of(role, l)])]
+                for role, n in (("exp_gate", 2), ("exp_down", 1))
+            )
+            / 3
+            for l in range(L)
+        ]
         self._body: dict[tuple[int, int], float] = {}
         self._cpu: dict[tuple[int, int], float] = {}
 
@@ -51,8 +59,10 @@ class Costs:
         ref = catalogue()["machines"][ref_name]
         fixed, per_tok = per[ref_name]
         g = self.machine.gpu
-        return (fixed * self.launch_us / self.calib.launch_us[ref.gpu.api],
-                per_tok * ref.gpu.fp16_tflops / g.fp16_tflops)
+        return (
+            fixed * self.launch_us / self.calib.launch_us[ref.gpu.api],
+            per_tok * ref.gpu.fp16_tflops / g.fp16_tflops,
+        )
 
     def dense_us(self, t: int, ctx: int) -> float:
         """One layer outside the routed experts: projections, attention over ``ctx`` earlier tokens, router,
@@ -73,7 +83,7 @@ class Costs:
         if key not in self._body:
             w, blob = self.model.expert_weights, self._blob[layer]
             flops = 2.0 * key[1] * TILE * w
-            if self._fp16[layer]:   # no int8 path: dequantise to FP16, then a GEMM
+            if self._fp16[layer]:  # no int8 path: dequantise to FP16, then a GEMM
                 self._body[key] = self._bw_us(blob + 4.0 * w) + self._mm_us(flops, fp16=True)
             else:
                 self._body[key] = max(self._bw_us(blob), self._mm_us(flops))

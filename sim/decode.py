@@ -19,24 +19,26 @@ from .workload import inclusion
 @dataclass(frozen=True, slots=True)
 class DecodeEstimate:
     tok_s: float
-    hit_rate: float      # routed experts found in VRAM
-    pcie_frac: float     # share of the misses the GPU reads over PCIe
-    layer_us: float      # mean per layer
+    hit_rate: float  # routed experts found in VRAM
+    pcie_frac: float  # share of the misses the GPU reads over PCIe
+    layer_us: float  # mean per layer
 
 
-def decode_estimate(costs: Costs, profile: list[np.ndarray], resident: list[list[bool]], ctx: int) -> DecodeEstimate:
+def decode_estimate(
+    costs: Costs, profile: list[np.ndarray], resident: list[list[bool]], ctx: int
+) -> DecodeEstimate:
     m, cal = costs.model, costs.calib
-    graph_launch_us = 1.0   # decode runs as captured graphs: ~1 µs a kernel (peers.md 3.3, KTransformers)
+    graph_launch_us = 1.0  # decode runs as captured graphs: ~1 µs a kernel (peers.md 3.3, KTransformers)
     total, hits, fracs = 0.0, [], []
     for l in range(m.n_layer):
-        q = inclusion(profile[l], m.k)                        # per-token inclusion probability
+        q = inclusion(profile[l], m.k)  # per-token inclusion probability
         hit = float(sum(q[e] for e in range(m.n_expert) if resident[l][e])) / m.k
         kv = ctx * m.kv_bytes_per_token() / m.n_layer
         dense = cal.gpu_kernels_per_layer * graph_launch_us + costs._bw_us(m.dense_bytes(l) + kv)
         blob = m.blob_bytes(l)
         hit_us = m.k * hit * (costs._bw_us(blob) + cal.gpu_expert_us)
         miss = m.k * (1.0 - hit)
-        tp = costs.copy_us(blob, False) + costs._bw_us(blob)   # over PCIe, then computed
+        tp = costs.copy_us(blob, False) + costs._bw_us(blob)  # over PCIe, then computed
         tc = costs.cpu_expert_us(l, 1)
         f = tc / (tp + tc)
         total += dense + hit_us + miss * tp * tc / (tp + tc)

@@ -14,8 +14,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from strata.policy import (CHOOSERS, ROUTED_ONLY_RING, ChooserKind, Config, LayerEnd, Share, SharePolicy, Walk,
-                           ring_slots, share_policy, stream_all_queue, walk_for)
+from strata.policy import (
+    CHOOSERS,
+    ROUTED_ONLY_RING,
+    ChooserKind,
+    Config,
+    LayerEnd,
+    Share,
+    SharePolicy,
+    Walk,
+    ring_slots,
+    share_policy,
+    stream_all_queue,
+    walk_for,
+)
 
 from .calibration import CALIB, Calib
 from .costs import Costs
@@ -25,28 +37,28 @@ from .streams import CpuPool, Link, Stream, Timeline
 from .vram import VramPlan, plan_vram
 from .workload import ZipfRouting, residency
 
-RING_GROUP = 16   # stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
+RING_GROUP = 16  # stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
 
 
 @dataclass(frozen=True)
 class Run:
     machine: Machine
     model: SimModel
-    prompt: int                    # tokens
+    prompt: int  # tokens
     cfg: Config = Config()
-    qualifies: bool = True         # CUDA, one GPU, no batch slots: an unset share means auto (SPEC §4)
-    gated: bool = True             # False: auto as before the gate (#1282), for studies
-    cache_slots: int | None = None # --expert-cache N; None: sized from free VRAM
-    ctx: int = 8192                # context the KV cache is planned for
-    prior: int = 0                 # tokens already in the KV cache (a follow-up message)
-    routing: object = None         # ZipfRouting / TraceRouting; None: ZipfRouting(seed)
+    qualifies: bool = True  # CUDA, one GPU, no batch slots: an unset share means auto (SPEC §4)
+    gated: bool = True  # False: auto as before the gate (#1282), for studies
+    cache_slots: int | None = None  # --expert-cache N; None: sized from free VRAM
+    ctx: int = 8192  # context the KV cache is planned for
+    prior: int = 0  # tokens already in the KV cache (a follow-up message)
+    routing: object = None  # ZipfRouting / TraceRouting; None: ZipfRouting(seed)
     seed: int = 0
-    noise: float = 0.0             # relative noise on the device times the policy reads
+    noise: float = 0.0  # relative noise on the device times the policy reads
     timeline: bool = False
-    layers: int | None = None      # simulate the first N layers only, times scaled to the full depth (sweeps)
-    calib: Calib = CALIB           # the model's constants (calibrate.py fits them)
-    costs: Costs | None = None     # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
-    resident: int | None = None    # experts resident during the prompt; None: the cache minus the loan
+    layers: int | None = None  # simulate the first N layers only, times scaled to the full depth (sweeps)
+    calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
+    costs: Costs | None = None  # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
+    resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
 
     @property
     def share(self) -> Share:
@@ -60,7 +72,7 @@ class Session:
     policy: SharePolicy
     cpu_x_bytes: int = 0
     cpu_rows_bytes: int = 0
-    pending: tuple | None = None   # (ev0, ev1, start, end) of the last window, read at the next routing sync
+    pending: tuple | None = None  # (ev0, ev1, start, end) of the last window, read at the next routing sync
 
 
 @dataclass
@@ -68,13 +80,14 @@ class Result:
     prompt_ms: float
     vram: VramPlan
     share: Share
-    chunks: list = field(default_factory=list)       # (start, tokens, walk)
+    chunks: list = field(default_factory=list)  # (start, tokens, walk)
+    resident: int = 0  # experts resident during this prompt
     n_streamed: int = 0
     n_cpu: int = 0
     host_issue_us: float = 0.0
     layer_shares: list = field(default_factory=list)  # share used per eligible layer (0.0 = not shared)
-    readings: list = field(default_factory=list)      # GateReading per gate reading
-    windows: list = field(default_factory=list)       # (layer, shared, nstream, ms) per eligible layer's window
+    readings: list = field(default_factory=list)  # GateReading per gate reading
+    windows: list = field(default_factory=list)  # (layer, shared, nstream, ms) per eligible layer's window
     busy_us: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
     session: Session | None = None
@@ -125,14 +138,14 @@ class _Runner:
         self.ring = ring_slots(run.cfg, run.share, layout, m.max_blob, planned=plan.ring)
         n_res = run.resident if run.resident is not None else vp.layout(layout, self.ring)
         self.resident = residency(routing.profile(), n_res)
-        self.in_ram = [True] * run.model.n_expert   # the arena pins every expert (ours)
+        self.in_ram = [True] * run.model.n_expert  # the arena pins every expert (ours)
         self.gpu = Stream(env, "gpu", tl)
         self.pool = CpuPool(env, tl)
         self.link = Link(env, costs.copy_us, self.pool, tl)
         self.rng = np.random.default_rng([run.seed, 3])
         self.n_layer = min(run.layers or run.model.n_layer, run.model.n_layer)
         self.windows: list = []
-        self.result = Result(0.0, vp, run.share, session=session)
+        self.result = Result(0.0, vp, run.share, resident=n_res, session=session)
 
     def host(self):
         run, plan, ring = self.run, self.result.vram.plan, self.ring
@@ -157,7 +170,7 @@ class _Runner:
         yield self.gpu.tail
         yield self.env.timeout(self.costs.sync_us())
         want = self.pol.wants()
-        if want.gpu or want.wall:   # the previous window's events are complete now
+        if want.gpu or want.wall:  # the previous window's events are complete now
             ev0, ev1, s, e = self.session.pending
             gpu_ms = (ev1.value - ev0.value) / 1e3 * self._noise()
             wall_ms = (e.value - s.value) / 1e3 * self._noise()
@@ -223,14 +236,18 @@ class _Runner:
         and reuses the slot of the expert 8 copies back once that one's group was computed."""
         c, res = self.costs, self.result
         resident = self.resident[l]
-        done: list = []                                # per streamed expert: its group's completion
+        done: list = []  # per streamed expert: its group's completion
         group: list[int] = []
         copies: list = []
         names: list[int] = []
 
         def flush():
-            d = self.gpu.op(f"L{l} " + ",".join(f"e{e}" for e in names), c.grouped_us(l, group), waits=copies,
-                            category="experts")
+            d = self.gpu.op(
+                f"L{l} " + ",".join(f"e{e}" for e in names),
+                c.grouped_us(l, group),
+                waits=copies,
+                category="experts",
+            )
             done.extend([d] * len(copies))
             group.clear(), copies.clear(), names.clear()
 
@@ -272,7 +289,7 @@ class _Runner:
             cnt = yield from self._routing_sync(l, start, t)
             res_ids = [e for e in range(m.n_expert) if cnt[e] > 0 and self.resident[l][e]]
             k = 0
-            for g in by_layer.get(l, []) + [None]:   # resident experts run in id order between the groups
+            for g in by_layer.get(l, []) + [None]:  # resident experts run in id order between the groups
                 first = groups[g][1][0] if g is not None else m.n_expert
                 before = []
                 while k < len(res_ids) and res_ids[k] < first:
@@ -284,10 +301,11 @@ class _Runner:
                     break
                 routed = [int(cnt[e]) for e in groups[g][1] if cnt[e] > 0]
                 if routed:
-                    d = self.gpu.op(f"L{l} group {g}", c.grouped_us(l, routed), waits=[copied[g]],
-                                    category="experts")
+                    d = self.gpu.op(
+                        f"L{l} group {g}", c.grouped_us(l, routed), waits=[copied[g]], category="experts"
+                    )
                 else:
-                    d = self.gpu.mark()   # an unrouted entry only releases its slot
+                    d = self.gpu.mark()  # an unrouted entry only releases its slot
                 d.callbacks.append(lambda _, ev=consumed[g]: ev.succeed())
             self.gpu.op(f"L{l} combine", c.combine_us(t), category="combine")
 

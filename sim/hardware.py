@@ -23,10 +23,10 @@ APIS = ("cuda", "rocm")
 class GPU:
     name: str
     vram_gib: float
-    mem_gbps: float          # device memory bandwidth (spec)
-    fp16_tflops: float       # dense FP16 matrix rate (FP32 accumulate where the vendor separates them)
-    int8_tops: float         # dense INT8 matrix/dot rate; 0 = no int8 dot path (the FP16 path is used)
-    api: str                 # "cuda" or "rocm"
+    mem_gbps: float  # device memory bandwidth (spec)
+    fp16_tflops: float  # dense FP16 matrix rate (FP32 accumulate where the vendor separates them)
+    int8_tops: float  # dense INT8 matrix/dot rate; 0 = no int8 dot path (the FP16 path is used)
+    api: str  # "cuda" or "rocm"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -39,9 +39,9 @@ class CPU:
     name: str
     cores: int
     threads: int
-    isa: str                 # widest integer dot ISA the pool's kernels use: avx2, avx512, amx
-    clock_ghz: float         # all-core clock under load
-    mem_gbps: float          # practical DRAM read bandwidth (measured-style, not the channel product)
+    isa: str  # widest integer dot ISA the pool's kernels use: avx2, avx512, amx
+    clock_ghz: float  # all-core clock under load
+    mem_gbps: float  # practical DRAM read bandwidth (measured-style, not the channel product)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -54,17 +54,18 @@ class LinkSpec:
     name: str
     pcie_gen: int
     lanes: int
-    h2d_gbps: float          # pinned host->device, large copies (measured-style)
+    h2d_gbps: float  # pinned host->device, large copies (measured-style)
     d2h_gbps: float
-    h2d_latency_us: float    # fixed cost per copy
-    h2d_curve: tuple[tuple[int, float], ...] = ()   # measured (bytes, µs) per copy, ascending; wins if given
+    h2d_latency_us: float  # fixed cost per copy
+    h2d_curve: tuple[tuple[int, float], ...] = ()  # measured (bytes, µs) per copy, ascending; wins if given
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         assert self.pcie_gen in (3, 4, 5, 6) and self.lanes in (1, 4, 8, 16), self
         assert self.h2d_gbps > 0 and self.d2h_gbps > 0 and self.h2d_latency_us >= 0, self
-        assert all(a[0] < b[0] and a[1] <= b[1] for a, b in zip(self.h2d_curve, self.h2d_curve[1:])), \
-            f"{self.name}: h2d_curve must ascend in bytes and time"
+        assert all(
+            a[0] < b[0] and a[1] <= b[1] for a, b in zip(self.h2d_curve, self.h2d_curve[1:])
+        ), f"{self.name}: h2d_curve must ascend in bytes and time"
 
     def h2d_us(self, nbytes: float) -> float:
         """One pinned H2D copy: piecewise-linear in the measured curve, else latency + bytes / bandwidth."""
@@ -74,7 +75,7 @@ class LinkSpec:
         i = bisect.bisect_left(xs, nbytes)
         if i == 0:
             return self.h2d_curve[0][1] * max(nbytes, 1) / xs[0] if nbytes < xs[0] else self.h2d_curve[0][1]
-        if i == len(xs):   # beyond the last point: its bandwidth
+        if i == len(xs):  # beyond the last point: its bandwidth
             b, t = self.h2d_curve[-1]
             return t + (nbytes - b) / (self.h2d_gbps * 1e3)
         (b0, t0), (b1, t1) = self.h2d_curve[i - 1], self.h2d_curve[i]
@@ -91,13 +92,15 @@ class Machine:
     cpu: CPU
     link: LinkSpec
     ram_gib: float
-    host_issue_us: float     # host time per streamed expert with the CPU pool idle (issue, events, staging)
-    pool_workers: int        # CPU pool threads (the engine's default: one per core)
+    host_issue_us: float  # host time per streamed expert with the CPU pool idle (issue, events, staging)
+    pool_workers: int  # CPU pool threads (the engine's default: one per core)
     os: str = "linux"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        assert self.ram_gib > 0 and self.host_issue_us > 0 and 1 <= self.pool_workers <= self.cpu.threads, self
+        assert (
+            self.ram_gib > 0 and self.host_issue_us > 0 and 1 <= self.pool_workers <= self.cpu.threads
+        ), self
 
 
 def _build(cls, name: str, entry: dict, **extra):
@@ -127,8 +130,14 @@ def machine(name: str) -> Machine:
     return m[name]
 
 
-def compose(gpu: str, cpu: str, link: str | None = None, ram_gib: float = 64.0, host_issue_us: float | None = None,
-            workers: int | None = None) -> Machine:
+def compose(
+    gpu: str,
+    cpu: str,
+    link: str | None = None,
+    ram_gib: float = 64.0,
+    host_issue_us: float | None = None,
+    workers: int | None = None,
+) -> Machine:
     """A machine the catalogue does not list, from its parts (whatif's --gpu/--cpu). The link defaults to the
     GPU's usual one; the host issue cost to the API's default (calibration.json)."""
     from .calibration import CALIB
@@ -140,8 +149,16 @@ def compose(gpu: str, cpu: str, link: str | None = None, ram_gib: float = 64.0, 
     g, c = cat["gpus"][gpu], cat["cpus"][cpu]
     link = link or CALIB.default_link[gpu]
     issue = host_issue_us if host_issue_us is not None else CALIB.host_issue_us[g.api]
-    return Machine(f"{gpu}+{cpu}", g, c, cat["links"][link], ram_gib, issue, workers or c.cores,
-                   sources={"host_issue_us": f"default for {g.api} (calibration.json)"})
+    return Machine(
+        f"{gpu}+{cpu}",
+        g,
+        c,
+        cat["links"][link],
+        ram_gib,
+        issue,
+        workers or c.cores,
+        sources={"host_issue_us": f"default for {g.api} (calibration.json)"},
+    )
 
 
 def check(path: str = str(CATALOGUE)) -> list[str]:

@@ -20,7 +20,7 @@ class Timeline:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.events: list[tuple[str, float]] = []
-        self.busy_us: dict[str, float] = defaultdict(float)   # per-op breakdown by category
+        self.busy_us: dict[str, float] = defaultdict(float)  # per-op breakdown by category
 
     def log(self, name: str, t_us: float) -> None:
         if self.enabled:
@@ -35,7 +35,9 @@ class Stream:
         self.env, self.name, self.timeline = env, name, timeline
         self.tail: simpy.Event | None = None
 
-    def op(self, name: str, dur: Duration, waits: Iterable[simpy.Event | None] = (), category: str = "") -> simpy.Event:
+    def op(
+        self, name: str, dur: Duration, waits: Iterable[simpy.Event | None] = (), category: str = ""
+    ) -> simpy.Event:
         done = self.env.event()
         deps = [w for w in (self.tail, *waits) if w is not None and not w.processed]
         self.env.process(self._run(name, dur, deps, done, category or name))
@@ -87,11 +89,18 @@ class Link:
     """The host-to-device copy engine: a stream whose ops cost what the link says (SimPy's ``Cable``
     pattern: the link owns its delay). Copies issued while the CPU pool is busy get less bandwidth."""
 
-    def __init__(self, env: simpy.Environment, copy_us: Callable[[float, bool], float], pool: CpuPool,
-                 timeline: Timeline):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        copy_us: Callable[[float, bool], float],
+        pool: CpuPool,
+        timeline: Timeline,
+    ):
         self.stream = Stream(env, "h2d", timeline)
         self.copy_us, self.pool = copy_us, pool
 
-    def h2d(self, name: str, nbytes: float, waits: Iterable[simpy.Event | None] = (), count: int = 1) -> simpy.Event:
+    def h2d(
+        self, name: str, nbytes: float, waits: Iterable[simpy.Event | None] = (), count: int = 1
+    ) -> simpy.Event:
         """``count`` copies of ``nbytes`` each, back to back (one op: a stream-all group)."""
         return self.stream.op(name, lambda: count * self.copy_us(nbytes, self.pool.busy), waits, "h2d copies")

@@ -24,7 +24,7 @@ class Point:
     model: str
     prompt: int
     share: str
-    layers: int | None = None   # simulate only the first N layers (scaled to the model's depth)
+    layers: int | None = None  # simulate only the first N layers (scaled to the model's depth)
     seed: int = 0
 
 
@@ -33,16 +33,27 @@ def run_point(p: Point) -> dict:
     m, mod = get_machine(p.machine), get_model(p.model)
     run = Run(m, mod, p.prompt, setting_config(p.share), qualifies=m.gpu.api == "cuda", seed=p.seed)
     r = prefill(replace(run, layers=p.layers) if p.layers else run)
-    return {"machine": p.machine, "model": p.model, "prompt": p.prompt, "share": p.share,
-            "layers": p.layers or mod.n_layer, "prompt_ms": round(r.prompt_ms, 3), "tok_s": round(r.tok_s, 2),
-            "walk": "+".join(sorted({w.value for _, _, w in r.chunks})), "n_cpu": r.n_cpu,
-            "n_streamed": r.n_streamed, "final_share": None if r.final_share is None else round(r.final_share, 4),
-            "shared_layers": sum(1 for s in r.layer_shares if s > 0)}
+    return {
+        "machine": p.machine,
+        "model": p.model,
+        "prompt": p.prompt,
+        "share": p.share,
+        "layers": p.layers or mod.n_layer,
+        "prompt_ms": round(r.prompt_ms, 3),
+        "tok_s": round(r.tok_s, 2),
+        "walk": "+".join(sorted({w.value for _, _, w in r.chunks})),
+        "n_cpu": r.n_cpu,
+        "n_streamed": r.n_streamed,
+        "final_share": None if r.final_share is None else round(r.final_share, 4),
+        "shared_layers": sum(1 for s in r.layer_shares if s > 0),
+    }
 
 
 def grid(machines, models, prompts, shares, layers=None, seed=0) -> list[Point]:
-    return [Point(a, b, int(c), str(d), layers, seed) for a, b, c, d in itertools.product(machines, models, prompts,
-                                                                                         shares)]
+    return [
+        Point(a, b, int(c), str(d), layers, seed)
+        for a, b, c, d in itertools.product(machines, models, prompts, shares)
+    ]
 
 
 def sweep(points: list[Point], scheduler: str | None = None, workers: int = 2) -> list[dict]:
@@ -51,7 +62,9 @@ def sweep(points: list[Point], scheduler: str | None = None, workers: int = 2) -
     if scheduler:
         with Client(scheduler) as client:
             return client.gather(client.map(run_point, points, pure=False))
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
         with Client(cluster) as client:
             return client.gather(client.map(run_point, points, pure=False))
 

@@ -54,13 +54,17 @@ class ZipfRouting:
     def counts(self, layer: int, start: int, t: int) -> np.ndarray:
         """cnt[e] for the chunk of ``t`` tokens starting at prompt position ``start``."""
         rng = np.random.default_rng([self.seed, 2, start, layer])
-        p = self._base[layer] * rng.lognormal(0.0, self.sigma, self.n_expert) if self.sigma else self._base[layer]
+        p = (
+            self._base[layer] * rng.lognormal(0.0, self.sigma, self.n_expert)
+            if self.sigma
+            else self._base[layer]
+        )
         return rng.binomial(t, inclusion(p / p.sum(), self.k))
 
 
 @dataclass(frozen=True)
 class TraceRouting:
-    ids: np.ndarray   # [L, N, K] expert ids per layer, token, slot
+    ids: np.ndarray  # [L, N, K] expert ids per layer, token, slot
 
     def __post_init__(self):
         assert self.ids.ndim == 3, f"routing ids are [layers, tokens, k], got shape {self.ids.shape}"
@@ -86,8 +90,10 @@ class TraceRouting:
         return out
 
     def counts(self, layer: int, start: int, t: int) -> np.ndarray:
-        assert start + t <= self.ids.shape[1], f"the trace holds {self.ids.shape[1]} tokens, asked {start + t}"
-        return np.bincount(self.ids[layer, start:start + t].ravel(), minlength=self.n_expert)
+        assert (
+            start + t <= self.ids.shape[1]
+        ), f"the trace holds {self.ids.shape[1]} tokens, asked {start + t}"
+        return np.bincount(self.ids[layer, start : start + t].ravel(), minlength=self.n_expert)
 
 
 def residency(profile: list[np.ndarray], slots: int) -> list[list[bool]]:
@@ -97,4 +103,4 @@ def residency(profile: list[np.ndarray], slots: int) -> list[list[bool]]:
     order = np.lexsort((np.arange(flat.size), -flat))[: max(0, min(slots, flat.size))]
     res = np.zeros(flat.size, dtype=bool)
     res[order] = True
-    return [res[l * n_expert:(l + 1) * n_expert].tolist() for l in range(n_layer)]
+    return [res[l * n_expert : (l + 1) * n_expert].tolist() for l in range(n_layer)]

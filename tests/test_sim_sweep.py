@@ -25,10 +25,11 @@ def test_sweep_200_points_on_dask():
     rows = sweep(points, workers=2)
     elapsed = time.perf_counter() - t0
     assert len(rows) == 200 and {r["share"] for r in rows} == set(SHARES)
-    assert [(r["machine"], r["model"], r["prompt"], r["share"]) for r in rows] == \
-        [(p.machine, p.model, p.prompt, p.share) for p in points]            # gathered in order
+    assert [(r["machine"], r["model"], r["prompt"], r["share"]) for r in rows] == [
+        (p.machine, p.model, p.prompt, p.share) for p in points
+    ]  # gathered in order
     parsed = list(csv.DictReader(io.StringIO(table(rows))))
     assert len(parsed) == 200 and all(r["vs_off_pct"] != "" for r in parsed)
     assert all(float(r["vs_off_pct"]) == 0.0 for r in parsed if r["share"] == "off")
-    assert multiprocessing.active_children() == []                           # the cluster is gone
+    assert multiprocessing.active_children() == []  # the cluster is gone
     print(f"200-point sweep: {elapsed:.1f} s")

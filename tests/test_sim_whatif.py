@@ -18,23 +18,51 @@ def test_settings():
 
 
 def test_report_for_an_unmeasured_machine():
-    w = whatif(compose("rtx-4070-ti", "ryzen9-7950x"), model("qwen3-30b-a3b:Q4_K_M"), 600, lengths=(256, 1024))
+    w = whatif(
+        compose("rtx-4070-ti", "ryzen9-7950x"), model("qwen3-30b-a3b:Q4_K_M"), 600, lengths=(256, 1024)
+    )
     text = w.report()
-    for key in ("machine  rtx-4070-ti+ryzen9-7950x", "plan     cache", "prompt   600 tokens", "decode   ~", "advice"):
+    for key in (
+        "machine  rtx-4070-ti+ryzen9-7950x",
+        "plan     cache",
+        "prompt   600 tokens",
+        "decode   ~",
+        "advice",
+    ):
         assert key in text, f"{key!r} missing from\n{text}"
     assert set(w.results) == {"off", "0.5", "auto"}
     off, auto = w.results["off"], w.results["auto"]
     assert off.n_cpu == 0 and auto.n_cpu > 0 and auto.final_share is not None
-    assert [walk.value for _, _, walk in auto.chunks] == ["routed-only"]   # 600 < 3072 (auto asked for)
+    assert [walk.value for _, _, walk in auto.chunks] == ["routed-only"]  # 600 < 3072 (auto asked for)
     assert [n for n, _ in w.curves["auto"]] == [256, 1024]
     assert all(ms > 0 for pts in w.curves.values() for _, ms in pts)
 
 
 def test_cli_and_plot(tmp_path):
     png = tmp_path / "p.png"
-    out = subprocess.run([sys.executable, "-m", "sim", "whatif", "--gpu", "rtx-3060", "--cpu", "ryzen9-7950x",
-                          "--model", "qwen3-30b-a3b:Q4_K_M", "--prompt", "512", "--share", "auto", "--plot",
-                          str(png)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "whatif",
+            "--gpu",
+            "rtx-3060",
+            "--cpu",
+            "ryzen9-7950x",
+            "--model",
+            "qwen3-30b-a3b:Q4_K_M",
+            "--prompt",
+            "512",
+            "--share",
+            "auto",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "     auto" in out.stdout and "      off" in out.stdout and f"plot     {png}" in out.stdout
     head = png.read_bytes()[:24]
