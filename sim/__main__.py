@@ -63,7 +63,8 @@ def cmd_catalogue(a) -> None:
     cat = catalogue()
     for name, m in sorted(cat["machines"].items()):
         print(
-            f"{name:20} {m.gpu.name:22} {m.gpu.vram_gib:5g} GiB  {m.cpu.name:16} {m.cpu.cores:3d}c {m.cpu.isa:6} "
+            f"{name:20} {m.gpu.name:22} {m.gpu.vram_gib:5g} GiB  {m.cpu.name:16} {m.cpu.cores:3d}c "
+            f"{m.cpu.isa:6} "
             f"PCIe{m.link.pcie_gen} {m.link.h2d_gbps:5.1f} GB/s  host {m.host_issue_us:g} us"
         )
     print("gpus:", ", ".join(sorted(cat["gpus"])))

@@ -1,8 +1,8 @@
 """The seeds' machines and measurements (SPEC §12) as simulator scenarios: constants first, then the runs.
 
 Each scenario names the machine, the model (the original's Flash-Next; flash-shape geometry with the pack's
-types), the cache it ran with, and the seed's figures. Where a seed does not say something the simulator needs,
-the constant says what was assumed and why.
+types), the cache it ran with, and the seed's figures. Where a seed does not say something the simulator
+needs, the constant says what was assumed and why.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ R5090_CPU_UNGATED = {250: (2574, 2748), 600: (3757, 3762), 900: (4091, 4095)}  #
 R5090_CPU_GATED = {250: (2486, 2497), 600: (3419, 3439), 900: (3717, 3749)}
 R5090_SHARE = (0.83, 0.90)  # seed 000 / SPEC §12: shares 0.83-0.90
 
-# --- seed 001 (#1282, jase100k): RX 7900 GRE + Ryzen 7 5700X3D, Coder IQ1_M, 849 tokens, auto before the gate.
+# --- seed 001 (#1282, jase100k): RX 7900 GRE + Ryzen 7 5700X3D, Coder "IQ1_M", 849 tokens, auto before
+# the gate.
 GRE_MACHINE, GRE_MODEL, GRE_PROMPT = "rx7900gre-5700x3d", "flash-next-coder:IQ2_S/Q2_0", 849
 #   the Coder "IQ1_M" pack's experts are IQ2_S-IQ4_XS gate/up with IQ4_NL/Q2_0 down (original-source.md 8.2):
 #   IQ2_S/Q2_0 assumed (a 1.51 MB blob, an MMQ instance on the GPU)

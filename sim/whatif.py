@@ -59,6 +59,7 @@ class WhatIf:
             f"plan     cache {vp.cache_slots} slots; largest chunk {vp.plan.chunk} tokens (loan "
             f"{vp.plan.loan_slots} slots, ring {vp.plan.ring}); this prompt: {r0.resident} of "
             f"{vp.n_experts} experts resident",
+            *self._ram_warning(),
             f"prompt   {self.prompt} tokens",
             f"{'setting':>9} {'prompt ms':>10} {'tok/s':>8} {'vs off':>7} {'walk':>11} {'CPU exp':>8} "
             f"{'share':>6} {'shared layers':>14} {'host us/exp':>11}",
@@ -93,6 +94,16 @@ class WhatIf:
         else:
             lines.append("advice   off: sharing does not pay here (STRATA_PREFILL_CPU_SHARE=0)")
         return "\n".join(lines)
+
+    def _ram_warning(self) -> list[str]:
+        m, mod = self.machine, self.model
+        experts = sum(mod.blob_bytes(l) for l in range(mod.n_layer)) * mod.n_expert
+        if experts <= 0.9 * m.ram_gib * 2**30:
+            return []
+        return [
+            f"warning  the experts ({experts / 2**30:.0f} GiB) exceed 90% of {m.ram_gib:g} GiB RAM: the "
+            f"arena would spill to SSD, which this model does not simulate (it assumes every blob in RAM)"
+        ]
 
     def plot(self, path: str) -> None:
         import matplotlib

@@ -61,7 +61,7 @@ def test_compose_and_errors():
 
 def test_models():
     m = model("qwen3-30b-a3b:Q4_K_M")
-    # Q4_K gate/up: 2 x 768 rows x 2048 / 256 x 144 B; down Q6_K (2048 rows x 768 / 256 x 210 B) on llama.cpp's
+    # Q4_K gate/up: 2 x 768 rows x 2048 / 256 x 144 B; down Q6_K (2048 rows x 768 / 256 x 210 B) on llama's
     # use_more_bits layers (the first and last eighth, every third between: 0-5, 8, 11, ..., 42-47), else Q4_K
     assert m.blob_bytes(0) == m.blob_bytes(8) == 1_769_472 + 1_290_240
     assert m.blob_bytes(7) == m.blob_bytes(9) == 3 * 884_736

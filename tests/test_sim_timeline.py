@@ -1,8 +1,8 @@
 """Whole timelines of the simulated engine (STYLE 14) on a 2-layer, 8-expert model with fixed durations.
 
 Scenario constants (µs): attention 100, routing sync 5, grouping 0, a group of experts on the GPU 10 + 5 an
-expert, a copy 40 (80 while the CPU pool is busy), host issue 30 (60 while busy), input D2H 15, CPU rows H2D 5,
-CPU pool 50 an expert, combine 10. Routing (4 tokens, top-2): layer 0 routes e0 x3, e1 x2,
+expert, a copy 40 (80 while the CPU pool is busy), host issue 30 (60 while busy), input D2H 15, CPU rows
+H2D 5, CPU pool 50 an expert, combine 10. Routing (4 tokens, top-2): layer 0 routes e0 x3, e1 x2,
 e2-e4 x1; layer 1 e5 x3, e6 x2, e7 x2, e0 x1. Three experts resident, hottest of the profile first:
 (0, e0), (1, e5), (0, e1). Each (name, start) pair is logged when its op ends.
 """

@@ -39,7 +39,7 @@ def test_5090_off(t):
 
 
 # auto after the gate   -8.8 / -9.1 / -10.5%     band: negative, within 5 points    predicted
-# auto before the gate  -9.8 / -9.9 / -10.4%     band: negative, within 5 points    600 fitted, 250/900 predicted
+# auto before the gate  -9.8 / -9.9 / -10.4%    band: negative, within 5 points   600 fitted, others predicted
 @pytest.mark.parametrize("t", [250, 600, 900])
 @pytest.mark.parametrize("gated", [True, False])
 def test_5090_auto_gain(t, gated):
@@ -78,7 +78,7 @@ def test_gre_off():
 
 
 # tok/s against off: 0.10 -2.1%   0.20 -3.5%   auto before the gate (0.47) -4.5%
-# bands:             [-0.5, -5]   [-1.5, -6.5]  [-2, -9]      0.20 fitted (AVX2 factor), 0.10 and auto predicted
+# bands:             [-0.5, -5]   [-1.5, -6.5]  [-2, -9]      fitted with the 5090 (stage 12 of calibrate.py)
 # every share slower, monotonically in the share
 def test_gre_every_share_loses():
     off = gre(0.0).tok_s
@@ -140,7 +140,7 @@ def test_default_on_2k_unchanged(name):
 
 
 # --- the gate under noisy readings (seed 002 replayed its schedule with 4% noise per reading) -------------
-# where sharing loses (RX 7900 GRE): "+2.0-2.3% at most", replay worst 1.048     band: median <= +2.3%, all <= +5%
+# where sharing loses (RX 7900 GRE): "+2.0-2.3% at most", replay worst 1.048 band: median <= +2.3%, all <= +5%
 # where it wins (RTX 5090, 600 tokens): keeps ~90% of the gain                  band: every run keeps >= 60%
 def test_gate_with_4pct_reading_noise():
     off = gre(0.0).prompt_ms
