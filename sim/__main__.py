@@ -37,6 +37,10 @@ def cmd_whatif(a) -> None:
         lengths=PLOT_LENGTHS if a.plot else (),
     )
     print(w.report())
+    if a.gate_lines:
+        for name, r in w.results.items():
+            for line in r.gate_lines():
+                print(f"[{name}] {line}")
     if a.plot:
         w.plot(a.plot)
         print(f"plot     {a.plot}")
@@ -97,6 +101,7 @@ def main(argv=None) -> None:
     w.add_argument("--ctx", type=int, default=8192)
     w.add_argument("--cache-slots", type=int, help="--expert-cache N (default: sized from free VRAM)")
     w.add_argument("--plot", help="write prompt time against prompt length (PNG)")
+    w.add_argument("--gate-lines", action="store_true", help="print auto's STRATA_DBG_CPU_GATE lines")
     w.set_defaults(fn=cmd_whatif)
     s = sub.add_parser("sweep", help="a grid of machines x models x prompts x shares on Dask")
     s.add_argument("--machines", default="rtx3060-5600x,rtx4090-7950x,rtx5090-9950x3d")

@@ -59,6 +59,8 @@ class Run:
     calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
     costs: Costs | None = None  # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
     resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
+    layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
+    #                            window times per expert differ up to 8x between layers, repeatably)
 
     @property
     def share(self) -> Share:
@@ -145,6 +147,8 @@ class _Runner:
         self.rng = np.random.default_rng([run.seed, 3])
         self.n_layer = min(run.layers or run.model.n_layer, run.model.n_layer)
         self.windows: list = []
+        spread = np.random.default_rng([run.seed, 4]).lognormal(0.0, run.layer_spread, run.model.n_layer)
+        self.layer_factor = spread.tolist() if run.layer_spread else [1.0] * run.model.n_layer
         self.result = Result(0.0, vp, run.share, resident=n_res, session=session)
 
     def host(self):
@@ -244,7 +248,7 @@ class _Runner:
         def flush():
             d = self.gpu.op(
                 f"L{l} " + ",".join(f"e{e}" for e in names),
-                c.grouped_us(l, group),
+                self.layer_factor[l] * c.grouped_us(l, group),
                 waits=copies,
                 category="experts",
             )
@@ -296,13 +300,18 @@ class _Runner:
                     before.append(int(cnt[res_ids[k]]))
                     k += 1
                 if before:
-                    self.gpu.op(f"L{l} resident", c.grouped_us(l, before), category="experts")
+                    self.gpu.op(
+                        f"L{l} resident", self.layer_factor[l] * c.grouped_us(l, before), category="experts"
+                    )
                 if g is None:
                     break
                 routed = [int(cnt[e]) for e in groups[g][1] if cnt[e] > 0]
                 if routed:
                     d = self.gpu.op(
-                        f"L{l} group {g}", c.grouped_us(l, routed), waits=[copied[g]], category="experts"
+                        f"L{l} group {g}",
+                        self.layer_factor[l] * c.grouped_us(l, routed),
+                        waits=[copied[g]],
+                        category="experts",
                     )
                 else:
                     d = self.gpu.mark()  # an unrouted entry only releases its slot
