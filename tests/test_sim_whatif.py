@@ -4,6 +4,8 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 from sim.hardware import compose
 from sim.models import model
 from sim.whatif import setting_config, whatif
@@ -39,6 +41,7 @@ def test_report_for_an_unmeasured_machine():
 
 
 def test_cli_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")  # the [sim] extra; this machine has it
     png = tmp_path / "p.png"
     out = subprocess.run(
         [
