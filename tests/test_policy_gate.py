@@ -27,7 +27,7 @@ def as_bits(arms):
 
 
 def two_chunks():
-    return list(range(48)) + list(range(48))   # a 48-layer model, two chunks, every layer eligible
+    return list(range(48)) + list(range(48))  # a 48-layer model, two chunks, every layer eligible
 
 
 def test_arms_when_sharing_wins():
@@ -47,9 +47,13 @@ def test_arms_when_sharing_loses():
     expected = "0101010" + "0" * 22 + "1" + "0" * 28 + "1" + "0"
     assert as_bits(arms) == expected
     assert not gate.gate
-    assert lines[0].line() == ("cpu gate: layer 2 not shared, 10 non-resident, 10.00 ms (1.0000 a expert) "
-                        "-> do not share")
-    assert lines[1].line() == "cpu gate: layer 3 shared, 10 non-resident, 11.00 ms (1.1000 a expert) -> do not share"
+    assert lines[0].line() == (
+        "cpu gate: layer 2 not shared, 10 non-resident, 10.00 ms (1.0000 a expert) " "-> do not share"
+    )
+    assert (
+        lines[1].line()
+        == "cpu gate: layer 3 shared, 10 non-resident, 11.00 ms (1.1000 a expert) -> do not share"
+    )
 
 
 def test_no_ratio_across_chunks():
@@ -59,7 +63,7 @@ def test_no_ratio_across_chunks():
     _, readings = drive(gate, list(range(57)) * 2, lambda l, s: 1.1 if s else 1.0)
     at = [(r.layer, r.shared, r.ratio is not None) for r in readings]
     k = at.index((56, False, False))
-    assert at[k: k + 3] == [(56, False, False), (1, True, False), (2, False, True)]
+    assert at[k : k + 3] == [(56, False, False), (1, True, False), (2, False, True)]
     assert readings[k + 2].ratio == pytest.approx(1.1) and not gate.gate
 
 
@@ -67,7 +71,7 @@ def test_upper_median_and_ring():
     """Windows are timed so that each ratio the gate forms is the next wanted one, whatever arms it picks."""
     wanted = [0.9, 1.05, 0.95, 1.2, 0.8, 0.8, 1.3, 1.4]
     gate, formed, verdicts = CpuGate(), [], []
-    last = None          # (shared, ms per expert) of the last window read
+    last = None  # (shared, ms per expert) of the last window read
     pending_w = None
     for l in range(200):
         arm = gate.begin_layer(l)
@@ -95,9 +99,9 @@ def test_upper_median_and_ring():
 
 def test_skip_rules():
     gate = CpuGate()
-    assert gate.begin_layer(3) is False and gate.end_layer(3, 10, 0) is False      # first eligible layer
-    assert gate.begin_layer(4) is True and gate.end_layer(4, 10, 0) is False       # shared arm, nothing taken
-    assert gate.begin_layer(5) is False and gate.end_layer(5, 0, 0) is False       # nothing to stream
+    assert gate.begin_layer(3) is False and gate.end_layer(3, 10, 0) is False  # first eligible layer
+    assert gate.begin_layer(4) is True and gate.end_layer(4, 10, 0) is False  # shared arm, nothing taken
+    assert gate.begin_layer(5) is False and gate.end_layer(5, 0, 0) is False  # nothing to stream
     assert gate.begin_layer(6) is True and gate.end_layer(6, 10, 3, True) is False  # one-time cost
     assert gate.begin_layer(7) is False and gate.end_layer(7, 10, 0) is True
     gate.begin_layer(8)
@@ -116,11 +120,11 @@ def test_gated_share_uses_meter_after_readings():
     assert not pol.end_layer(LayerEnd(0, 20, 0)).gpu
     assert pol.begin_layer(1) is True
     pol.readings(None, None)
-    assert pol.share(True) == 0.5                    # the meter's start
+    assert pol.share(True) == 0.5  # the meter's start
     want = pol.end_layer(LayerEnd(1, 20, 10, cpu_ms=1.0))
     assert want.gpu and want.wall
     assert pol.begin_layer(2) is False
-    pol.readings(gpu_ms=9.0, wall_ms=5.0)            # c = 0.1, g = 0.9 -> 0.9
+    pol.readings(gpu_ms=9.0, wall_ms=5.0)  # c = 0.1, g = 0.9 -> 0.9
     assert pol.meter.share == pytest.approx(0.9)
     ungated = MeteredShare()
     assert all(ungated.begin_layer(l) for l in range(5))

@@ -14,12 +14,12 @@ def test_running_means_and_clamp():
     assert m.sample(1.0, 1, 10.0, 1) == pytest.approx(4 / 5.75)
     assert (m.c_avg, m.g_avg) == (1.75, 4.0)
     fast_cpu = ShareMeter()
-    assert fast_cpu.sample(0.1, 1, 100.0, 1) == 0.9     # clamp high
+    assert fast_cpu.sample(0.1, 1, 100.0, 1) == 0.9  # clamp high
     slow_cpu = ShareMeter()
-    assert slow_cpu.sample(100.0, 1, 0.1, 1) == 0.05    # clamp low
+    assert slow_cpu.sample(100.0, 1, 0.1, 1) == 0.05  # clamp low
 
 
 def test_wants_sample():
     assert ShareMeter.wants_sample(nstream=10, n_cpu=4)
-    assert not ShareMeter.wants_sample(nstream=4, n_cpu=4)    # the GPU kept nothing
-    assert not ShareMeter.wants_sample(nstream=10, n_cpu=0)   # the CPU took nothing
+    assert not ShareMeter.wants_sample(nstream=4, n_cpu=4)  # the GPU kept nothing
+    assert not ShareMeter.wants_sample(nstream=10, n_cpu=0)  # the CPU took nothing

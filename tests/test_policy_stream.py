@@ -1,7 +1,16 @@
 """The stream plan (SPEC §3): stream_all_min, the walk, ring slots, streaming order."""
 
-from strata.policy import (Config, ShareMode, Walk, ring_budget_slots, ring_slots, routed_only_order,
-                           stream_all_min, stream_all_queue, walk_for)
+from strata.policy import (
+    Config,
+    ShareMode,
+    Walk,
+    ring_budget_slots,
+    ring_slots,
+    routed_only_order,
+    stream_all_min,
+    stream_all_queue,
+    walk_for,
+)
 from strata.policy.env import Share
 
 OFF, AUTO_DEFAULT, AUTO = Share(ShareMode.OFF), Share(ShareMode.AUTO, by_default=True), Share(ShareMode.AUTO)
@@ -12,29 +21,29 @@ def test_stream_all_min():
     assert stream_all_min(Config(), AUTO_DEFAULT) == 1024
     assert stream_all_min(Config(), AUTO) == 3072
     assert stream_all_min(Config(cpu_share_max=2048), AUTO) == 2048
-    assert stream_all_min(Config(stream_min=4096), AUTO) == 4096     # the override wins
+    assert stream_all_min(Config(stream_min=4096), AUTO) == 4096  # the override wins
     assert stream_all_min(Config(stream_min=0), OFF) == 0
 
 
 def test_ring_budget():
-    assert ring_budget_slots(1_382_400) == 384           # the Q2_0 blob the budget is written in
-    assert ring_budget_slots(2_329_600) == 227           # IQ3_S pack: the "2,304 / 227" prompt plan
+    assert ring_budget_slots(1_382_400) == 384  # the Q2_0 blob the budget is written in
+    assert ring_budget_slots(2_329_600) == 227  # IQ3_S pack: the "2,304 / 227" prompt plan
     assert ring_budget_slots(4_000_000) == 132
-    assert ring_budget_slots(100_000) == 512             # clamp high
-    assert ring_budget_slots(50_000_000) == 16           # clamp low
+    assert ring_budget_slots(100_000) == 512  # clamp high
+    assert ring_budget_slots(50_000_000) == 16  # clamp low
 
 
 def test_ring_slots_and_walk():
     c = Config()
     assert ring_slots(c, OFF, 1023, 1_382_400) == 8
     assert ring_slots(c, OFF, 1024, 1_382_400) == 384
-    assert ring_slots(c, AUTO, 2048, 1_382_400) == 8      # explicit auto: chunks below 3072 share
+    assert ring_slots(c, AUTO, 2048, 1_382_400) == 8  # explicit auto: chunks below 3072 share
     assert ring_slots(c, OFF, 4096, 1_382_400, planned=200) == 200
-    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == 8     # 8 = routed-only always
+    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == 8  # 8 = routed-only always
     assert ring_slots(Config(ring=12), OFF, 8192, 1_382_400) == 16
     assert ring_slots(Config(ring=9999), OFF, 8192, 1_382_400) == 512
     assert walk_for(c, OFF, 1024, 384) is Walk.STREAM_ALL
-    assert walk_for(c, OFF, 1000, 384) is Walk.ROUTED_ONLY   # the last, shorter chunk of a big layout
+    assert walk_for(c, OFF, 1000, 384) is Walk.ROUTED_ONLY  # the last, shorter chunk of a big layout
     assert walk_for(c, OFF, 4096, 8) is Walk.ROUTED_ONLY
 
 

@@ -13,20 +13,20 @@ from typing import Sequence
 
 from .registry import Registry
 
-MAXT = 8   # the CPU multi-token kernel's token limit per expert (pool.hpp)
+MAXT = 8  # the CPU multi-token kernel's token limit per expert (pool.hpp)
 
 
 def llround(x: float) -> int:
     """C's llround: nearest integer, halves away from zero (Python's round() goes to even)."""
     f = math.floor(abs(x))
-    n = f + (1 if abs(x) - f >= 0.5 else 0)   # abs(x) - floor is exact for doubles
+    n = f + (1 if abs(x) - f >= 0.5 else 0)  # abs(x) - floor is exact for doubles
     return int(n) if x >= 0 else -int(n)
 
 
 @dataclass(frozen=True, slots=True)
 class CpuChoice:
-    cpu: tuple[int, ...]   # experts the CPU computes, in the order taken (fewest tokens first, then id)
-    nstream: int           # routed non-resident experts before the split (the gate divides by this)
+    cpu: tuple[int, ...]  # experts the CPU computes, in the order taken (fewest tokens first, then id)
+    nstream: int  # routed non-resident experts before the split (the gate divides by this)
 
     @property
     def n_cpu(self) -> int:
@@ -41,8 +41,9 @@ CHOOSERS: Registry["Chooser"] = Registry("cpu expert chooser", ChooserKind)
 
 
 class Chooser:
-    def choose(self, cnt: Sequence[int], resident: Sequence[bool], in_ram: Sequence[bool],
-               share: float) -> CpuChoice:
+    def choose(
+        self, cnt: Sequence[int], resident: Sequence[bool], in_ram: Sequence[bool], share: float
+    ) -> CpuChoice:
         raise NotImplementedError
 
 
@@ -55,8 +56,9 @@ class FewestFirst(Chooser):
         assert maxt >= 1, "the CPU takes experts of at least one token"
         self.maxt = maxt
 
-    def choose(self, cnt: Sequence[int], resident: Sequence[bool], in_ram: Sequence[bool],
-               share: float) -> CpuChoice:
+    def choose(
+        self, cnt: Sequence[int], resident: Sequence[bool], in_ram: Sequence[bool], share: float
+    ) -> CpuChoice:
         assert len(cnt) == len(resident) == len(in_ram), "cnt, resident and in_ram cover the same experts"
         assert 0.0 <= share <= 1.0, f"share {share} outside [0, 1]"
         nstream = 0

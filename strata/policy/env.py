@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping
 
-SHARE_MAX_DEFAULT = 3072      # STRATA_PREFILL_CPU_SHARE_MAX when the share was asked for (SPEC §4)
-SHARE_MAX_FLOOR = 1024        # ... never below this
-SHARE_MAX_BY_DEFAULT = 1024   # ... when the share is on only because it is the default (0.1.41)
-LEND_PCT_DEFAULT = 90         # an auto loan takes at most 90% of the cache (SPEC §9)
-REPEAT_MIN_DEFAULT = 1024     # STRATA_PREFILL_REPEAT_MIN_TOKENS, clamped to >= 256 (SPEC §9)
+SHARE_MAX_DEFAULT = 3072  # STRATA_PREFILL_CPU_SHARE_MAX when the share was asked for (SPEC §4)
+SHARE_MAX_FLOOR = 1024  # ... never below this
+SHARE_MAX_BY_DEFAULT = 1024  # ... when the share is on only because it is the default (0.1.41)
+LEND_PCT_DEFAULT = 90  # an auto loan takes at most 90% of the cache (SPEC §9)
+REPEAT_MIN_DEFAULT = 1024  # STRATA_PREFILL_REPEAT_MIN_TOKENS, clamped to >= 256 (SPEC §9)
 REPEAT_MIN_FLOOR = 256
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
@@ -30,9 +30,9 @@ class ConfigError(ValueError):
 
 
 class ShareMode(Enum):
-    OFF = "off"      # no expert goes to the CPU; output identical to a build without the feature
+    OFF = "off"  # no expert goes to the CPU; output identical to a build without the feature
     FIXED = "fixed"  # a fixed fraction of the streamed experts
-    AUTO = "auto"    # measured (meter) and gated (gate), SPEC §5-§6
+    AUTO = "auto"  # measured (meter) and gated (gate), SPEC §5-§6
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,8 @@ class Share:
     """The prefill CPU share in force for an engine (SPEC §4)."""
 
     mode: ShareMode
-    fraction: float = 0.0      # FIXED only: the share in (0, 1]
-    by_default: bool = False   # on only because unset means auto where it qualifies
+    fraction: float = 0.0  # FIXED only: the share in (0, 1]
+    by_default: bool = False  # on only because unset means auto where it qualifies
 
     def __post_init__(self):
         if self.mode is ShareMode.FIXED:
@@ -55,17 +55,17 @@ class Share:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    cpu_share: str | float | None = None   # None = unset, "auto", or a fraction in [0, 1] (0 = off)
-    cpu_share_max: int | None = None       # STRATA_PREFILL_CPU_SHARE_MAX as given (None = unset)
-    stream_min: int | None = None          # STRATA_PREFILL_STREAM_MIN (>= 0)
-    ring: int | None = None                # STRATA_PREFILL_RING (>= 1; <= 8 means routed-only always)
-    lend_pct: int = LEND_PCT_DEFAULT       # STRATA_PREFILL_LEND_PCT, 1..100
-    dbg_cpu_gate: bool = False             # STRATA_DBG_CPU_GATE: print one line per gate reading
-    pool_pipeline: bool = False            # STRATA_POOL_PIPELINE (SPEC §10)
-    elastic_loan: bool = False             # STRATA_PREFILL_ELASTIC_LOAN (SPEC §9)
-    head_loan: bool = False                # STRATA_PREFILL_HEAD_LOAN
-    mtp_loan: bool = False                 # STRATA_PREFILL_MTP_LOAN (draft resources)
-    repeat_loan: bool = False              # STRATA_PREFILL_REPEAT_LOAN
+    cpu_share: str | float | None = None  # None = unset, "auto", or a fraction in [0, 1] (0 = off)
+    cpu_share_max: int | None = None  # STRATA_PREFILL_CPU_SHARE_MAX as given (None = unset)
+    stream_min: int | None = None  # STRATA_PREFILL_STREAM_MIN (>= 0)
+    ring: int | None = None  # STRATA_PREFILL_RING (>= 1; <= 8 means routed-only always)
+    lend_pct: int = LEND_PCT_DEFAULT  # STRATA_PREFILL_LEND_PCT, 1..100
+    dbg_cpu_gate: bool = False  # STRATA_DBG_CPU_GATE: print one line per gate reading
+    pool_pipeline: bool = False  # STRATA_POOL_PIPELINE (SPEC §10)
+    elastic_loan: bool = False  # STRATA_PREFILL_ELASTIC_LOAN (SPEC §9)
+    head_loan: bool = False  # STRATA_PREFILL_HEAD_LOAN
+    mtp_loan: bool = False  # STRATA_PREFILL_MTP_LOAN (draft resources)
+    repeat_loan: bool = False  # STRATA_PREFILL_REPEAT_LOAN
     repeat_min_tokens: int = REPEAT_MIN_DEFAULT
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
 
@@ -78,27 +78,14 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
-        def get(name: str) -> str | None:
-            return (environ.get(name) or "").strip() or None
+        def get(field: str) -> str | None:
+            return (environ.get(_VARS[field]) or "").strip() or None
 
-        return cls(
-            cpu_share=_share(get("STRATA_PREFILL_CPU_SHARE")),
-            cpu_share_max=_int("STRATA_PREFILL_CPU_SHARE_MAX", get("STRATA_PREFILL_CPU_SHARE_MAX"), lo=1),
-            stream_min=_int("STRATA_PREFILL_STREAM_MIN", get("STRATA_PREFILL_STREAM_MIN"), lo=0),
-            ring=_int("STRATA_PREFILL_RING", get("STRATA_PREFILL_RING"), lo=1),
-            lend_pct=_int("STRATA_PREFILL_LEND_PCT", get("STRATA_PREFILL_LEND_PCT"), lo=1, hi=100,
-                          default=LEND_PCT_DEFAULT),
-            dbg_cpu_gate=_flag("STRATA_DBG_CPU_GATE", get("STRATA_DBG_CPU_GATE")),
-            pool_pipeline=_flag("STRATA_POOL_PIPELINE", get("STRATA_POOL_PIPELINE")),
-            elastic_loan=_flag("STRATA_PREFILL_ELASTIC_LOAN", get("STRATA_PREFILL_ELASTIC_LOAN")),
-            head_loan=_flag("STRATA_PREFILL_HEAD_LOAN", get("STRATA_PREFILL_HEAD_LOAN")),
-            mtp_loan=_flag("STRATA_PREFILL_MTP_LOAN", get("STRATA_PREFILL_MTP_LOAN")),
-            repeat_loan=_flag("STRATA_PREFILL_REPEAT_LOAN", get("STRATA_PREFILL_REPEAT_LOAN")),
-            repeat_min_tokens=max(REPEAT_MIN_FLOOR, _int("STRATA_PREFILL_REPEAT_MIN_TOKENS",
-                                                         get("STRATA_PREFILL_REPEAT_MIN_TOKENS"), lo=0,
-                                                         default=REPEAT_MIN_DEFAULT)),
-            gemm=_choice("STRATA_GEMM", get("STRATA_GEMM"), GEMM_KINDS, "mma"),
-        )
+        ints = {f: _int(_VARS[f], get(f), *bounds) for f, bounds in _INTS.items()}
+        ints["repeat_min_tokens"] = max(REPEAT_MIN_FLOOR, ints["repeat_min_tokens"])
+        flags = {f: _flag(_VARS[f], get(f)) for f in _FLAGS}
+        return cls(cpu_share=_share(get("cpu_share")), **ints, **flags,
+                   gemm=_choice(_VARS["gemm"], get("gemm"), GEMM_KINDS, "mma"))
 
     def share(self, qualifies: bool) -> Share:
         """The share in force. ``qualifies``: CUDA, one GPU, no batch slots (where unset means auto)."""
@@ -116,6 +103,18 @@ class Config:
 
 
 GEMM_KINDS = ("mma", "simt")
+# fmt: off
+_VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRATA_PREFILL_<FIELD> ...
+    "cpu_share", "cpu_share_max", "stream_min", "ring", "lend_pct", "elastic_loan", "head_loan", "mtp_loan",
+    "repeat_loan", "repeat_min_tokens")}
+_VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these three
+             gemm="STRATA_GEMM")
+_INTS = {  # field -> (lowest, highest, default)
+    "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
+    "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
+}
+# fmt: on
+_FLAGS = ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")
 
 
 def from_process() -> Config:
@@ -129,8 +128,10 @@ def _share(v: str | None) -> str | float | None:
     if v.lower() == "auto":
         return "auto"
     if not _NUMBER.fullmatch(v):
-        raise ConfigError(f"STRATA_PREFILL_CPU_SHARE={v!r}: expected 'auto', a number (a fixed share, "
-                          f"clamped to [0, 1]; 0 turns the share off), or unset")
+        raise ConfigError(
+            f"STRATA_PREFILL_CPU_SHARE={v!r}: expected 'auto', a number (a fixed share, "
+            f"clamped to [0, 1]; 0 turns the share off), or unset"
+        )
     return min(1.0, max(0.0, float(v)))
 
 

@@ -13,9 +13,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-RATIOS = 5        # CPU_RATIOS: the ratio ring
-MIN_RATIOS = 3    # CPU_MIN_RATIOS: exploration until this many ratios
-PROBE = 29        # CPU_PROBE: every 29th eligible layer runs the other arm (prime: probes drift)
+RATIOS = 5  # CPU_RATIOS: the ratio ring
+MIN_RATIOS = 3  # CPU_MIN_RATIOS: exploration until this many ratios
+PROBE = 29  # CPU_PROBE: every 29th eligible layer runs the other arm (prime: probes drift)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +24,8 @@ class GateReading:
     shared: bool
     nstream: int
     wall_ms: float
-    ratio: float | None   # with-share / without-share, when this reading formed one
-    gate: bool            # the verdict after this reading (True = share)
+    ratio: float | None  # with-share / without-share, when this reading formed one
+    gate: bool  # the verdict after this reading (True = share)
 
     @property
     def per_expert_ms(self) -> float:
@@ -35,8 +35,10 @@ class GateReading:
         """The STRATA_DBG_CPU_GATE line (SPEC §6)."""
         arm = "shared" if self.shared else "not shared"
         verdict = "share" if self.gate else "do not share"
-        return (f"cpu gate: layer {self.layer} {arm}, {self.nstream} non-resident, {self.wall_ms:.2f} ms "
-                f"({self.per_expert_ms:.4f} a expert) -> {verdict}")
+        return (
+            f"cpu gate: layer {self.layer} {arm}, {self.nstream} non-resident, {self.wall_ms:.2f} ms "
+            f"({self.per_expert_ms:.4f} a expert) -> {verdict}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +53,12 @@ class CpuGate:
 
     def __init__(self):
         self.ratios: deque[float] = deque(maxlen=RATIOS)
-        self.gate = False            # cpu_gate: share in the decision phase
-        self.layers = 0              # cpu_layers: eligible layers seen
-        self.first_layer: int | None = None   # cpu_first_l: the model's first eligible layer, never read
-        self.pending: _Window | None = None   # a window whose end event was recorded, read at the next sync
-        self._open: tuple[int, bool] | None = None   # (layer, arm) between begin_layer and end_layer
-        self._last: tuple[bool, int, float] | None = None   # (shared, layer, ms/expert) last read
+        self.gate = False  # cpu_gate: share in the decision phase
+        self.layers = 0  # cpu_layers: eligible layers seen
+        self.first_layer: int | None = None  # cpu_first_l: the model's first eligible layer, never read
+        self.pending: _Window | None = None  # a window whose end event was recorded, read at the next sync
+        self._open: tuple[int, bool] | None = None  # (layer, arm) between begin_layer and end_layer
+        self._last: tuple[bool, int, float] | None = None  # (shared, layer, ms/expert) last read
 
     def exploring(self) -> bool:
         return len(self.ratios) < MIN_RATIOS
@@ -94,7 +96,7 @@ class CpuGate:
         ratio = None
         if self._last is not None and self._last[0] != p.shared and p.layer > self._last[1]:
             with_, without = (w, self._last[2]) if p.shared else (self._last[2], w)
-            ratio = with_ / without if without > 0 else math.inf   # C's float division gives inf too
+            ratio = with_ / without if without > 0 else math.inf  # C's float division gives inf too
             self.ratios.append(ratio)
             self.gate = sorted(self.ratios)[len(self.ratios) // 2] < 1.0
         self._last = (p.shared, p.layer, w)

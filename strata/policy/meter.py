@@ -18,9 +18,9 @@ SHARE_START = 0.5
 class MeterSample:
     """What the engine holds for the meter when a shared layer reaches its combine (host side)."""
 
-    cpu_ms: float   # the CPU thread's wall time (steady clock)
-    n_cpu: int      # experts the CPU computed
-    n_gpu: int      # streamed experts the GPU computed (nstream - n_cpu)
+    cpu_ms: float  # the CPU thread's wall time (steady clock)
+    n_cpu: int  # experts the CPU computed
+    n_gpu: int  # streamed experts the GPU computed (nstream - n_cpu)
 
     def __post_init__(self):
         assert self.n_cpu > 0 and self.n_gpu > 0, "a sample needs experts on both sides"
@@ -31,8 +31,8 @@ class ShareMeter:
     def __init__(self, alpha: float = ALPHA, start: float = SHARE_START):
         self.alpha = alpha
         self.share = start
-        self.c_avg: float | None = None   # ms per CPU expert
-        self.g_avg: float | None = None   # ms per GPU-streamed expert
+        self.c_avg: float | None = None  # ms per CPU expert
+        self.g_avg: float | None = None  # ms per GPU-streamed expert
 
     @staticmethod
     def wants_sample(nstream: int, n_cpu: int) -> bool:

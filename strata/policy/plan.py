@@ -16,9 +16,9 @@ from typing import Callable
 
 from .registry import Registry
 
-GRID = 256              # chunk grid (tokens)
-AUTO_CEILING = 8192     # auto chunks stop here unless asked for more
-MIN_KEEP_SLOTS = 128    # a loan leaves at least this many cache slots
+GRID = 256  # chunk grid (tokens)
+AUTO_CEILING = 8192  # auto chunks stop here unless asked for more
+MIN_KEEP_SLOTS = 128  # a loan leaves at least this many cache slots
 RING_FLOOR = 16
 
 
@@ -28,13 +28,13 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class LoanRequest:
-    cache_slots: int                      # slots in the expert cache
-    slot_bytes: int                       # bytes per slot (the largest blob)
-    buffer_bytes: Callable[[int], int]    # prompt buffers for a chunk of t tokens, ring excluded
-    ring: int                             # the ring the walk wants (byte-budget ring), slots of slot_bytes
-    lend_pct: int = 90                    # STRATA_PREFILL_LEND_PCT
-    ceiling: int = AUTO_CEILING           # largest chunk considered (auto) or requested (fixed)
-    lent_bytes: int = 0                   # decode-only VRAM lent to the prompt path
+    cache_slots: int  # slots in the expert cache
+    slot_bytes: int  # bytes per slot (the largest blob)
+    buffer_bytes: Callable[[int], int]  # prompt buffers for a chunk of t tokens, ring excluded
+    ring: int  # the ring the walk wants (byte-budget ring), slots of slot_bytes
+    lend_pct: int = 90  # STRATA_PREFILL_LEND_PCT
+    ceiling: int = AUTO_CEILING  # largest chunk considered (auto) or requested (fixed)
+    lent_bytes: int = 0  # decode-only VRAM lent to the prompt path
 
     def __post_init__(self):
         assert self.cache_slots >= 0 and self.slot_bytes > 0 and self.ring >= 1, self
@@ -43,9 +43,9 @@ class LoanRequest:
 
 @dataclass(frozen=True, slots=True)
 class ChunkPlan:
-    chunk: int        # tokens per chunk
-    loan_slots: int   # cache slots lent to the prompt path (their experts are non-resident during the prompt)
-    ring: int         # staging ring slots for the stream-all walk
+    chunk: int  # tokens per chunk
+    loan_slots: int  # cache slots lent to the prompt path (their experts are non-resident during the prompt)
+    ring: int  # staging ring slots for the stream-all walk
 
 
 class PlannerKind(Enum):
@@ -70,9 +70,11 @@ class Planner:
         need = req.buffer_bytes(t) + ring * req.slot_bytes
         have = max(0, max_loan) * req.slot_bytes + req.lent_bytes
         mib = 2**20
-        return PlanError(f"the prompt path needs {need / mib:.0f} MiB for a {t}-token chunk with a "
-                         f"{ring}-slot ring, but can borrow only {have / mib:.0f} MiB ({max(0, max_loan)} of "
-                         f"{req.cache_slots} cache slots; {(need - have) / mib:.0f} MiB short)")
+        return PlanError(
+            f"the prompt path needs {need / mib:.0f} MiB for a {t}-token chunk with a "
+            f"{ring}-slot ring, but can borrow only {have / mib:.0f} MiB ({max(0, max_loan)} of "
+            f"{req.cache_slots} cache slots; {(need - have) / mib:.0f} MiB short)"
+        )
 
 
 @PLANNERS.register(PlannerKind.AUTO)

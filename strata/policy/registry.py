@@ -24,8 +24,10 @@ class Registry(Generic[T]):
 
         def add(cls: type[T]) -> type[T]:
             if key in self._classes:
-                raise ValueError(f"{self.family}: {key} registered twice ({self._classes[key].__name__} "
-                                 f"and {cls.__name__})")
+                raise ValueError(
+                    f"{self.family}: {key} registered twice ({self._classes[key].__name__} "
+                    f"and {cls.__name__})"
+                )
             self._classes[key] = cls
             return cls
 

@@ -20,23 +20,23 @@ from .registry import Registry
 @dataclass(frozen=True, slots=True)
 class LayerEnd:
     layer: int
-    nstream: int              # routed non-resident experts
-    n_cpu: int                # of which the CPU computed
-    cpu_ms: float = 0.0       # the CPU thread's wall time
-    one_time_cost: bool = False   # a pinned buffer was allocated or grown inside the window
+    nstream: int  # routed non-resident experts
+    n_cpu: int  # of which the CPU computed
+    cpu_ms: float = 0.0  # the CPU thread's wall time
+    one_time_cost: bool = False  # a pinned buffer was allocated or grown inside the window
 
 
 @dataclass(frozen=True, slots=True)
 class Wanted:
-    gpu: bool = False    # the meter's window (CPU launch -> end of the GPU's experts)
-    wall: bool = False   # the gate's window (before the routing sync -> before the combine)
+    gpu: bool = False  # the meter's window (CPU launch -> end of the GPU's experts)
+    wall: bool = False  # the gate's window (before the routing sync -> before the combine)
 
 
 class ShareKind(Enum):
     OFF = "off"
     FIXED = "fixed"
-    AUTO = "auto"                    # meter + gate (#1379)
-    AUTO_UNGATED = "auto-ungated"    # meter alone, every eligible layer shares (#1282, "auto before")
+    AUTO = "auto"  # meter + gate (#1379)
+    AUTO_UNGATED = "auto-ungated"  # meter alone, every eligible layer shares (#1282, "auto before")
 
 
 SHARE_POLICIES: Registry["SharePolicy"] = Registry("share policy", ShareKind)
@@ -45,7 +45,7 @@ SHARE_POLICIES: Registry["SharePolicy"] = Registry("share policy", ShareKind)
 class SharePolicy:
     kind: ShareKind
 
-    def begin_layer(self, layer: int) -> bool:   # arm: True = this layer may share
+    def begin_layer(self, layer: int) -> bool:  # arm: True = this layer may share
         return False
 
     def share(self, arm: bool) -> float:

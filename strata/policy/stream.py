@@ -11,15 +11,15 @@ from typing import Sequence
 
 from .env import Config, Share
 
-STREAM_ALL_MIN_OFF = 1024          # stream_all_min() without the share and without an override
-ROUTED_ONLY_RING = 8               # prefill.cpp STAGE: the routed-only walk's device slots
+STREAM_ALL_MIN_OFF = 1024  # stream_all_min() without the share and without an override
+ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's device slots
 RING_BUDGET_BYTES = 384 * 1_382_400  # #583 byte budget: 384 Q2_0 blobs' worth of ring (SPEC §3)
-RING_MIN, RING_MAX = 16, 512       # clamp of the byte-budget ring (ring_cap() without the fused ring)
+RING_MIN, RING_MAX = 16, 512  # clamp of the byte-budget ring (ring_cap() without the fused ring)
 
 
 class Walk(Enum):
-    ROUTED_ONLY = "routed-only"   # after the routing sync, stream the routed non-resident experts (ring of 8)
-    STREAM_ALL = "stream-all"     # at chunk start, queue every non-resident expert of every layer
+    ROUTED_ONLY = "routed-only"  # after the routing sync, stream the routed non-resident experts (ring of 8)
+    STREAM_ALL = "stream-all"  # at chunk start, queue every non-resident expert of every layer
 
 
 def stream_all_min(cfg: Config, share: Share) -> int:

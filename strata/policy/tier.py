@@ -19,8 +19,8 @@ from .registry import Registry
 @dataclass(frozen=True, slots=True)
 class Move:
     layer: int
-    expert: int              # becomes resident
-    victim: int | None       # evicted from the same layer, or None for a free slot
+    expert: int  # becomes resident
+    victim: int | None  # evicted from the same layer, or None for a free slot
     gain: float
 
 
@@ -33,8 +33,16 @@ TIERS: Registry["AdaptiveTier"] = Registry("cache admission", TierKind)
 
 @TIERS.register(TierKind.ADAPTIVE)
 class AdaptiveTier:
-    def __init__(self, n_layer: int, n_expert: int, every: int = 4, decay: float = 0.7,
-                 min_usage: float = 2.0, margin: float = 1.5, max_moves: int = 96):
+    def __init__(
+        self,
+        n_layer: int,
+        n_expert: int,
+        every: int = 4,
+        decay: float = 0.7,
+        min_usage: float = 2.0,
+        margin: float = 1.5,
+        max_moves: int = 96,
+    ):
         assert n_layer > 0 and n_expert > 0 and every >= 1 and 0.0 <= decay <= 1.0 and max_moves >= 0
         self.every, self.decay, self.max_moves = every, decay, max_moves
         self.min_usage, self.margin = min_usage, margin

@@ -1,0 +1,53 @@
+"""The model's constants: calibrated from the seeds, measured on the H200 machine, or assumed, each with a
+source (``sim/data/calibration.json``; ``python -m sim calibrate`` rewrites the fitted ones)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+PATH = Path(__file__).parent / "data" / "calibration.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Calib:
+    host_issue_factor: float  # host time per streamed expert x this while the CPU pool is busy
+    link_factor: float  # H2D bandwidth x this while the CPU pool reads DRAM
+    host_issue_us: Mapping[str, float]  # per API, for machines composed on the fly
+    launch_us: Mapping[str, float]  # per kernel launch, per API
+    sync_us: Mapping[str, float]  # the routing sync's host wake-up, per API
+    group_us: float  # host grouping: fixed part
+    group_us_per_pair: float  # ... per (token, k) pair
+    pin_us_per_mib: float  # cudaHostAlloc/grow of a pinned buffer
+    pool_dispatch_us: float  # CPU thread launch + join
+    cpu_job_us: float  # per CPU expert job (barriers, activation quantisation)
+    cpu_cycles_per_weight: Mapping[str, float]  # unpack cost per weight by type family (AVX-512 widths)
+    cpu_cycles_per_mac: float  # per weight per token (AVX-512 widths)
+    isa_factor: Mapping[str, float]  # cycles x this by ISA (AVX2 has half AVX-512's lanes)
+    gpu_mm_eff: float  # fraction of the dense matrix rate the expert/dense kernels reach
+    gpu_bw_eff: float  # fraction of memory bandwidth they reach
+    gpu_kernels_per_expert: int  # launches per streamed expert (gate/up, swiglu, quantise, down)
+    gpu_expert_us: float  # per expert outside the roofline: gather into group buffers, tiles
+    gpu_kernels_per_layer: int  # launches per layer outside the experts
+    fp16_path_types: tuple[str, ...]  # types without an int8 (MMQ) instance: dequantise to FP16 + GEMM
+    zipf_s: float  # routing: expert popularity ~ rank^-s per layer
+    chunk_sigma: float  # routing: per-chunk lognormal spread of popularity (topic drift)
+    default_link: Mapping[str, str]  # gpu -> link, for machines composed on the fly
+    extra_dense: Mapping[str, Mapping[str, tuple[float, float]]]  # model -> machine -> (us/layer, us/token)
+    extra_dense_reference: Mapping[str, str]  # model -> the machine whose figures scale to other machines
+    sources: Mapping[str, str]
+
+    @classmethod
+    def load(cls, path: Path = PATH) -> "Calib":
+        d = json.loads(path.read_text())
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw["fp16_path_types"] = tuple(kw["fp16_path_types"])
+        kw["extra_dense"] = {m: {k: tuple(v) for k, v in per.items()} for m, per in kw["extra_dense"].items()}
+        missing = [f.name for f in fields(cls) if f.name != "sources" and not d["sources"].get(f.name)]
+        assert not missing, f"calibration.json: no source for {missing}"
+        return cls(**kw)
+
+
+CALIB = Calib.load()

@@ -1,0 +1,332 @@
+"""The simulated engine: SPEC §3-§6's prefill loop on modelled hardware, deciding with ``strata.policy``.
+
+One host thread (a SimPy process) walks chunks and layers as the engine does; the GPU's compute stream, the
+copy engine (``Link``) and the CPU pool run as processes. Per layer: attention, then the routing sync (the
+host waits for the device), readings of the previous layer's windows, the share's choice, and one of the two
+walks. The policy objects see only what the engine would: counts, residency, and device-event times read one
+layer late. Times are µs; results in ms where the name says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from strata.policy import (
+    CHOOSERS,
+    ROUTED_ONLY_RING,
+    ChooserKind,
+    Config,
+    LayerEnd,
+    Share,
+    SharePolicy,
+    Walk,
+    ring_slots,
+    share_policy,
+    stream_all_queue,
+    walk_for,
+)
+
+from .calibration import CALIB, Calib
+from .costs import Costs
+from .hardware import Machine
+from .models import SimModel
+from .streams import CpuPool, Link, Stream, Timeline
+from .vram import VramPlan, plan_vram
+from .workload import ZipfRouting, residency
+
+RING_GROUP = 16  # stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
+
+
+@dataclass(frozen=True)
+class Run:
+    machine: Machine
+    model: SimModel
+    prompt: int  # tokens
+    cfg: Config = Config()
+    qualifies: bool = True  # CUDA, one GPU, no batch slots: an unset share means auto (SPEC §4)
+    gated: bool = True  # False: auto as before the gate (#1282), for studies
+    cache_slots: int | None = None  # --expert-cache N; None: sized from free VRAM
+    ctx: int = 8192  # context the KV cache is planned for
+    prior: int = 0  # tokens already in the KV cache (a follow-up message)
+    routing: object = None  # ZipfRouting / TraceRouting; None: ZipfRouting(seed)
+    seed: int = 0
+    noise: float = 0.0  # relative noise on the device times the policy reads
+    timeline: bool = False
+    layers: int | None = None  # simulate the first N layers only, times scaled to the full depth (sweeps)
+    calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
+    costs: Costs | None = None  # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
+    resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
+    layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
+    #                            window times per expert differ up to 8x between layers, repeatably)
+
+    @property
+    def share(self) -> Share:
+        return self.cfg.share(self.qualifies)
+
+
+@dataclass
+class Session:
+    """What outlives a prompt: the share policy's state and the pinned buffers' capacities."""
+
+    policy: SharePolicy
+    cpu_x_bytes: int = 0
+    cpu_rows_bytes: int = 0
+    pending: tuple | None = None  # (ev0, ev1, start, end) of the last window, read at the next routing sync
+
+
+@dataclass
+class Result:
+    prompt_ms: float
+    vram: VramPlan
+    share: Share
+    chunks: list = field(default_factory=list)  # (start, tokens, walk)
+    resident: int = 0  # experts resident during this prompt
+    n_streamed: int = 0
+    n_cpu: int = 0
+    host_issue_us: float = 0.0
+    layer_shares: list = field(default_factory=list)  # share used per eligible layer (0.0 = not shared)
+    readings: list = field(default_factory=list)  # GateReading per gate reading
+    windows: list = field(default_factory=list)  # (layer, shared, nstream, ms) per eligible layer's window
+    busy_us: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)
+    session: Session | None = None
+
+    @property
+    def tok_s(self) -> float:
+        return sum(c[1] for c in self.chunks) / (self.prompt_ms / 1e3)
+
+    @property
+    def host_us_per_streamed(self) -> float:
+        return self.host_issue_us / max(1, self.n_streamed)
+
+    @property
+    def final_share(self) -> float | None:
+        meter = getattr(self.session.policy, "meter", None) if self.session else None
+        return meter.share if meter else None
+
+    def gate_lines(self) -> list[str]:
+        return [r.line() for r in self.readings]
+
+
+def prefill(run: Run, session: Session | None = None) -> Result:
+    env = simpy.Environment()
+    tl = Timeline(run.timeline)
+    costs = run.costs or Costs(run.machine, run.model, run.calib)
+    share = run.share
+    session = session or Session(share_policy(share, run.gated))
+    vp = plan_vram(run.machine, run.model, run.cfg, run.ctx, run.cache_slots)
+    m = run.model
+    routing = run.routing or ZipfRouting(m.n_layer, m.n_expert, m.k, seed=run.seed)
+    res = _Runner(env, run, costs, session, vp, routing, tl)
+    env.process(res.host())
+    env.run()
+    res.result.prompt_ms = env.now / 1e3 * m.n_layer / res.n_layer
+    res.result.windows = [(l, arm, n, (e.value - s.value) / 1e3) for l, arm, n, s, e in res.windows]
+    res.result.busy_us = dict(tl.busy_us)
+    res.result.events = tl.events
+    return res.result
+
+
+class _Runner:
+    def __init__(self, env, run: Run, costs: Costs, session: Session, vp: VramPlan, routing, tl: Timeline):
+        self.env, self.run, self.costs, self.session, self.routing = env, run, costs, session, routing
+        self.pol = session.policy
+        self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
+        m, plan = run.model, vp.plan
+        layout = min(plan.chunk, run.prompt)
+        self.ring = ring_slots(run.cfg, run.share, layout, m.max_blob, planned=plan.ring)
+        n_res = run.resident if run.resident is not None else vp.layout(layout, self.ring)
+        self.resident = residency(routing.profile(), n_res)
+        self.in_ram = [True] * run.model.n_expert  # the arena pins every expert (ours)
+        self.gpu = Stream(env, "gpu", tl)
+        self.pool = CpuPool(env, tl)
+        self.link = Link(env, costs.copy_us, self.pool, tl)
+        self.rng = np.random.default_rng([run.seed, 3])
+        self.n_layer = min(run.layers or run.model.n_layer, run.model.n_layer)
+        self.windows: list = []
+        spread = np.random.default_rng([run.seed, 4]).lognormal(0.0, run.layer_spread, run.model.n_layer)
+        self.layer_factor = spread.tolist() if run.layer_spread else [1.0] * run.model.n_layer
+        self.result = Result(0.0, vp, run.share, resident=n_res, session=session)
+
+    def host(self):
+        run, plan, ring = self.run, self.result.vram.plan, self.ring
+        start = 0
+        while start < run.prompt:
+            t = min(plan.chunk, run.prompt - start)
+            walk = walk_for(run.cfg, run.share, t, ring)
+            self.result.chunks.append((start, t, walk))
+            if walk is Walk.STREAM_ALL:
+                yield from self._stream_all_chunk(start, t, ring)
+            else:
+                yield from self._routed_only_chunk(start, t)
+            start += t
+        self.gpu.op("head", self.costs.head_us())
+        yield self.gpu.tail
+
+    # --- the parts of a layer both walks share -----------------------------------------------------------
+    def _attention(self, l: int, start: int, t: int) -> None:
+        self.gpu.op(f"L{l} attn", self.costs.dense_us(t, self.run.prior + start), category="dense")
+
+    def _routing_sync(self, l: int, start: int, t: int):
+        yield self.gpu.tail
+        yield self.env.timeout(self.costs.sync_us())
+        want = self.pol.wants()
+        if want.gpu or want.wall:  # the previous window's events are complete now
+            ev0, ev1, s, e = self.session.pending
+            gpu_ms = (ev1.value - ev0.value) / 1e3 * self._noise()
+            wall_ms = (e.value - s.value) / 1e3 * self._noise()
+            r = self.pol.readings(gpu_ms if want.gpu else None, wall_ms if want.wall else None)
+            if r is not None:
+                self.result.readings.append(r)
+        yield self.env.timeout(self.costs.group_us(t))
+        return self.routing.counts(l, start, t)
+
+    def _noise(self) -> float:
+        return max(0.1, 1.0 + self.run.noise * self.rng.standard_normal()) if self.run.noise else 1.0
+
+    def _pin(self, attr: str, nbytes: int, headroom: float):
+        """Grow a pinned buffer if needed (cudaHostAlloc blocks the host); True when it grew."""
+        if nbytes <= getattr(self.session, attr):
+            return False
+        setattr(self.session, attr, int(nbytes * headroom))
+        yield self.env.timeout(self.costs.pin_us(nbytes * headroom))
+        return True
+
+    # --- routed-only walk (chunks below stream_all_min) --------------------------------------------------
+    def _routed_only_chunk(self, start: int, t: int):
+        m, c, res = self.run.model, self.costs, self.result
+        eligible = self.run.share.on
+        for l in range(self.n_layer):
+            self._attention(l, start, t)
+            arm = self.pol.begin_layer(l) if eligible else False
+            s_ev = self.gpu.mark()
+            grew = False
+            if arm:
+                grew = yield from self._pin("cpu_x_bytes", t * m.shape.n_embd * 4, 1.0)
+                self.gpu.op(f"L{l} input d2h", c.input_d2h_us(t), category="share d2h")
+            cnt = yield from self._routing_sync(l, start, t)
+            share = self.pol.share(arm) if eligible else 0.0
+            choice = self.chooser.choose(cnt, self.resident[l], self.in_ram, share)
+            if eligible:
+                res.layer_shares.append(share)
+            cpu = list(choice.cpu)
+            rows = int(sum(cnt[e] for e in cpu))
+            ev0 = self.gpu.mark()
+            cpu_done, cpu_us = None, 0.0
+            if cpu:
+                grew = (yield from self._pin("cpu_rows_bytes", rows * m.shape.n_embd * 4, 2.0)) or grew
+                cpu_us = c.cpu_pool_us(l, [int(cnt[e]) for e in cpu])
+                cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
+            done = yield from self._routed_walk(l, cnt, set(cpu))
+            res.n_streamed += len(done)
+            res.n_cpu += len(cpu)
+            ev1 = self.gpu.mark()
+            if cpu_done is not None:
+                yield cpu_done
+                self.gpu.op(f"L{l} cpu rows h2d", c.rows_h2d_us(rows), category="share rows h2d")
+            e_ev = self.gpu.mark()
+            if eligible:
+                self.pol.end_layer(LayerEnd(l, choice.nstream, len(cpu), cpu_us / 1e3, grew))
+                self.session.pending = (ev0, ev1, s_ev, e_ev)
+                self.windows.append((l, bool(cpu), choice.nstream, s_ev, e_ev))
+            self.gpu.op(f"L{l} combine", c.combine_us(t), category="combine")
+
+    def _routed_walk(self, l: int, cnt, cpu: set):
+        """The GPU's experts in id order, resident and streamed mixed, in MMQ groups of up to 16 experts, at
+        most half the ring (4) of them streamed; a streamed expert's copy is issued when the walk reaches it
+        and reuses the slot of the expert 8 copies back once that one's group was computed."""
+        c, res = self.costs, self.result
+        resident = self.resident[l]
+        done: list = []  # per streamed expert: its group's completion
+        group: list[int] = []
+        copies: list = []
+        names: list[int] = []
+
+        def flush():
+            d = self.gpu.op(
+                f"L{l} " + ",".join(f"e{e}" for e in names),
+                self.layer_factor[l] * c.grouped_us(l, group),
+                waits=copies,
+                category="experts",
+            )
+            done.extend([d] * len(copies))
+            group.clear(), copies.clear(), names.clear()
+
+        for e in range(len(cnt)):
+            if cnt[e] <= 0 or e in cpu:
+                continue
+            if not resident[e]:
+                h = c.host_issue_us(self.pool.busy)
+                yield self.env.timeout(h)
+                res.host_issue_us += h
+                j = len(done) + len(copies)
+                copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - 8] if j >= 8 else None]))
+            group.append(int(cnt[e]))
+            names.append(e)
+            if len(group) == 16 or len(copies) == ROUTED_ONLY_RING // 2:
+                flush()
+        if group:
+            flush()
+        return done
+
+    # --- stream-all walk (chunks from stream_all_min, a big ring) ---------------------------------------
+    def _stream_all_chunk(self, start: int, t: int, ring: int):
+        m, c = self.run.model, self.costs
+        g_size = max(1, min(RING_GROUP, ring // 4))
+        groups: list[tuple[int, list[int]]] = []
+        for l, e in stream_all_queue(self.resident[: self.n_layer]):
+            if groups and groups[-1][0] == l and len(groups[-1][1]) < g_size:
+                groups[-1][1].append(e)
+            else:
+                groups.append((l, [e]))
+        copied = [self.env.event() for _ in groups]
+        consumed = [self.env.event() for _ in groups]
+        self.env.process(self._issuer(groups, copied, consumed, max(1, ring // g_size)))
+        by_layer: dict[int, list[int]] = {}
+        for g, (l, _) in enumerate(groups):
+            by_layer.setdefault(l, []).append(g)
+        for l in range(self.n_layer):
+            self._attention(l, start, t)
+            cnt = yield from self._routing_sync(l, start, t)
+            res_ids = [e for e in range(m.n_expert) if cnt[e] > 0 and self.resident[l][e]]
+            k = 0
+            for g in by_layer.get(l, []) + [None]:  # resident experts run in id order between the groups
+                first = groups[g][1][0] if g is not None else m.n_expert
+                before = []
+                while k < len(res_ids) and res_ids[k] < first:
+                    before.append(int(cnt[res_ids[k]]))
+                    k += 1
+                if before:
+                    self.gpu.op(
+                        f"L{l} resident", self.layer_factor[l] * c.grouped_us(l, before), category="experts"
+                    )
+                if g is None:
+                    break
+                routed = [int(cnt[e]) for e in groups[g][1] if cnt[e] > 0]
+                if routed:
+                    d = self.gpu.op(
+                        f"L{l} group {g}",
+                        self.layer_factor[l] * c.grouped_us(l, routed),
+                        waits=[copied[g]],
+                        category="experts",
+                    )
+                else:
+                    d = self.gpu.mark()  # an unrouted entry only releases its slot
+                d.callbacks.append(lambda _, ev=consumed[g]: ev.succeed())
+            self.gpu.op(f"L{l} combine", c.combine_us(t), category="combine")
+
+    def _issuer(self, groups, copied, consumed, in_flight: int):
+        """The issuer thread: entry k is issued once entry k - ring was consumed."""
+        m, c, res = self.run.model, self.costs, self.result
+        for g, (l, es) in enumerate(groups):
+            if g >= in_flight:
+                yield consumed[g - in_flight]
+            h = c.host_issue_us(self.pool.busy) * len(es)
+            yield self.env.timeout(h)
+            res.host_issue_us += h
+            res.n_streamed += len(es)
+            d = self.link.h2d(f"L{l} group {g}", c.blob(l), count=len(es))
+            d.callbacks.append(lambda _, ev=copied[g]: ev.succeed())

@@ -1,0 +1,124 @@
+"""Whole timelines of the simulated engine (STYLE 14) on a 2-layer, 8-expert model with fixed durations.
+
+Scenario constants (µs): attention 100, routing sync 5, grouping 0, a group of experts on the GPU 10 + 5 an
+expert, a copy 40 (80 while the CPU pool is busy), host issue 30 (60 while busy), input D2H 15, CPU rows
+H2D 5, CPU pool 50 an expert, combine 10. Routing (4 tokens, top-2): layer 0 routes e0 x3, e1 x2,
+e2-e4 x1; layer 1 e5 x3, e6 x2, e7 x2, e0 x1. Three experts resident, hottest of the profile first:
+(0, e0), (1, e5), (0, e1). Each (name, start) pair is logged when its op ends.
+"""
+
+import numpy as np
+import pytest
+
+from sim.engine import Run, prefill
+from sim.hardware import machine
+from sim.models import SimModel
+from sim.workload import TraceRouting
+from strata.policy import Config
+from strata.synth.presets import ModelShape
+
+SHAPE = ModelShape("qwen3moe", 2, 64, 2, 1, 32, 8, 2, 32, 100)
+IDS = np.array([[[0, 1], [0, 2], [0, 3], [1, 4]], [[5, 6], [5, 7], [6, 7], [5, 0]]])
+
+
+# fmt: off
+class FixedCosts:
+    def __init__(self, model):
+        self.model = model
+
+    def blob(self, l): return 1000
+    def dense_us(self, t, ctx): return 100.0
+    def combine_us(self, t): return 10.0
+    def grouped_us(self, l, counts): return 10.0 + 5.0 * len(counts)
+    def host_issue_us(self, busy): return 60.0 if busy else 30.0
+    def copy_us(self, nbytes, busy): return 80.0 if busy else 40.0
+    def sync_us(self): return 5.0
+    def group_us(self, t): return 0.0
+    def input_d2h_us(self, t): return 15.0
+    def rows_h2d_us(self, rows): return 5.0
+    def pin_us(self, nbytes): return 0.0
+    def cpu_pool_us(self, l, counts): return 50.0 * len(counts)
+    def head_us(self): return 0.0
+# fmt: on
+
+
+def run(cfg):
+    model = SimModel("tiny", SHAPE)
+    r = Run(
+        machine("rtx4090-7950x"),
+        model,
+        4,
+        cfg,
+        cache_slots=200_000,
+        routing=TraceRouting(IDS),
+        costs=FixedCosts(model),
+        resident=3,
+        timeline=True,
+    )
+    return prefill(r)
+
+
+def test_routed_only_off():
+    # the walk in id order: one group e0 e1 (resident) e2 e3 e4 (streamed), computed once its copies landed
+    r = run(Config(cpu_share=0.0))
+    assert r.events == [
+        ("gpu:L0 attn", 0),
+        ("h2d:L0 e2", 135),
+        ("h2d:L0 e3", 175),
+        ("h2d:L0 e4", 215),
+        ("gpu:L0 e0,e1,e2,e3,e4", 255),
+        ("gpu:L0 combine", 290),
+        ("gpu:L1 attn", 300),
+        ("h2d:L1 e0", 435),
+        ("h2d:L1 e6", 475),
+        ("h2d:L1 e7", 515),
+        ("gpu:L1 e0,e5,e6,e7", 555),
+        ("gpu:L1 combine", 585),
+        ("gpu:head", 595),
+    ]
+    assert r.prompt_ms == pytest.approx(0.595)
+    assert (r.n_streamed, r.n_cpu, r.host_us_per_streamed) == (6, 0, 30.0)
+
+
+def test_routed_only_fixed_share():
+    # share 0.5 of 3 streamed -> llround(1.5) = 2 to the CPU, fewest tokens first: e2, e3 | e0, e6
+    r = run(Config(cpu_share=0.5))
+    assert r.events == [
+        ("gpu:L0 attn", 0),
+        ("gpu:L0 input d2h", 100),
+        ("cpu:L0 2 experts", 120),
+        ("h2d:L0 e4", 180),
+        ("gpu:L0 e0,e1,e4", 260),
+        ("gpu:L0 cpu rows h2d", 285),
+        ("gpu:L0 combine", 290),
+        ("gpu:L1 attn", 300),
+        ("gpu:L1 input d2h", 400),
+        ("cpu:L1 2 experts", 420),
+        ("h2d:L1 e7", 480),
+        ("gpu:L1 e5,e7", 560),
+        ("gpu:L1 cpu rows h2d", 580),
+        ("gpu:L1 combine", 585),
+        ("gpu:head", 595),
+    ]
+    assert (r.n_streamed, r.n_cpu, r.host_us_per_streamed) == (2, 4, 60.0)  # issued while the pool was busy
+    assert r.layer_shares == [0.5, 0.5]
+
+
+def test_stream_all():
+    # STRATA_PREFILL_STREAM_MIN=4: the 4-token chunk streams every non-resident expert, one group a layer;
+    # resident experts run in id order around the groups (layer 0: before e2.., layer 1: e5 after e0..e7)
+    r = run(Config(cpu_share=0.0, stream_min=4))
+    assert r.events == [
+        ("gpu:L0 attn", 0),
+        ("gpu:L0 resident", 105),
+        ("h2d:L0 group 0", 180),
+        ("gpu:L0 group 0", 420),
+        ("gpu:L0 combine", 445),
+        ("gpu:L1 attn", 455),
+        ("h2d:L1 group 1", 420),
+        ("gpu:L1 group 1", 700),
+        ("gpu:L1 resident", 725),
+        ("gpu:L1 combine", 740),
+        ("gpu:head", 750),
+    ]
+    assert r.n_streamed == 13  # 6 + 7 non-resident, routed or not

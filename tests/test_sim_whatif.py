@@ -1,0 +1,74 @@
+"""``python -m sim whatif`` answers for a machine the seeds never measured, and draws a readable plot."""
+
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from sim.hardware import compose
+from sim.models import model
+from sim.whatif import setting_config, whatif
+from strata.policy import Config
+
+
+def test_settings():
+    assert setting_config("off").cpu_share == 0.0
+    assert setting_config("auto").cpu_share == "auto"
+    assert setting_config("default").cpu_share is None
+    assert setting_config("0.3", Config(stream_min=4096)) == Config(cpu_share=0.3, stream_min=4096)
+
+
+def test_report_for_an_unmeasured_machine():
+    w = whatif(
+        compose("rtx-4070-ti", "ryzen9-7950x"), model("qwen3-30b-a3b:Q4_K_M"), 600, lengths=(256, 1024)
+    )
+    text = w.report()
+    for key in (
+        "machine  rtx-4070-ti+ryzen9-7950x",
+        "plan     cache",
+        "prompt   600 tokens",
+        "decode   ~",
+        "advice",
+    ):
+        assert key in text, f"{key!r} missing from\n{text}"
+    assert set(w.results) == {"off", "0.5", "auto"}
+    off, auto = w.results["off"], w.results["auto"]
+    assert off.n_cpu == 0 and auto.n_cpu > 0 and auto.final_share is not None
+    assert [walk.value for _, _, walk in auto.chunks] == ["routed-only"]  # 600 < 3072 (auto asked for)
+    assert [n for n, _ in w.curves["auto"]] == [256, 1024]
+    assert all(ms > 0 for pts in w.curves.values() for _, ms in pts)
+
+
+def test_cli_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")  # the [sim] extra; this machine has it
+    png = tmp_path / "p.png"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim",
+            "whatif",
+            "--gpu",
+            "rtx-3060",
+            "--cpu",
+            "ryzen9-7950x",
+            "--model",
+            "qwen3-30b-a3b:Q4_K_M",
+            "--prompt",
+            "512",
+            "--share",
+            "auto",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "     auto" in out.stdout and "      off" in out.stdout and f"plot     {png}" in out.stdout
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert (width, height) == (880, 550)

@@ -1,0 +1,41 @@
+"""Routing workloads: synthetic Zipf (deterministic, K per token on average) and --dump-routing traces."""
+
+import numpy as np
+import pytest
+
+from sim.workload import TraceRouting, ZipfRouting, inclusion, residency
+
+
+def test_inclusion():
+    p = np.array([0.7, 0.1, 0.1, 0.05, 0.05])
+    q = inclusion(p, 2)  # the hot expert is in every token's top-2; the rest share one slot: 1/0.3 each
+    assert q.sum() == pytest.approx(2.0, abs=1e-9) and q.max() <= 1.0
+    assert q.tolist() == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 6, 1 / 6], abs=1e-9)
+
+
+def test_zipf_is_deterministic_and_routes_k_per_token():
+    a, b = ZipfRouting(4, 64, 4, seed=7), ZipfRouting(4, 64, 4, seed=7)
+    assert np.array_equal(a.counts(2, 512, 300), b.counts(2, 512, 300))
+    assert not np.array_equal(a.counts(2, 512, 300), a.counts(2, 812, 300))  # another chunk
+    total = np.mean([a.counts(l, s, 1000).sum() for l in range(4) for s in range(0, 10000, 1000)])
+    assert total == pytest.approx(1000 * 4, rel=0.02)
+    assert [len(p) for p in a.profile()] == [64] * 4 and a.profile()[0].sum() == pytest.approx(1.0)
+
+
+def test_residency_hottest_first_ties_by_layer_then_id():
+    prof = [np.array([0.5, 0.25, 0.25]), np.array([0.25, 0.5, 0.25])]
+    assert residency(prof, 3) == [[True, True, False], [False, True, False]]
+    assert residency(prof, 0) == [[False] * 3, [False] * 3]
+    assert residency(prof, 99) == [[True] * 3, [True] * 3]
+
+
+def test_trace(tmp_path):
+    ids = np.array([[[0, 1], [0, 2], [3, 0]], [[1, 2], [1, 3], [2, 1]]])  # [L=2, N=3, K=2]
+    np.savez(tmp_path / "routing.npz", ids=ids)
+    t = TraceRouting.load(tmp_path / "routing.npz")
+    assert (t.n_layer, t.n_expert) == (2, 4)
+    assert t.counts(0, 0, 3).tolist() == [3, 1, 1, 1]
+    assert t.counts(1, 1, 2).tolist() == [0, 2, 1, 1]
+    assert t.profile()[1].tolist() == [0.0, 0.5, 1 / 3, 1 / 6]
+    with pytest.raises(AssertionError, match="holds 3 tokens"):
+        t.counts(0, 2, 2)
