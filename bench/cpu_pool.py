@@ -138,7 +138,7 @@ def model_file(a) -> str:
 def ours(eng, prompt: list[int], n_dec: int) -> dict:
     eng.reset()
     t0 = time.perf_counter()
-    logits = eng.prefill(prompt)
+    logits = eng.prefill(prompt, logits="last")   # the head on the last row only, as llama.cpp
     t1 = time.perf_counter()
     tok = int(np.argmax(logits[-1]))
     t2 = time.perf_counter()
