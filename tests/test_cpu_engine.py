@@ -75,3 +75,19 @@ def test_chunked_prefill_same_bits(model_paths, pool):
         _same(CpuEngine(m, pool=pool, n_ctx=N_CTX).prefill(prompt, chunk=1), whole, "token by token")
     finally:
         m.close()
+
+
+def test_last_logits_only(model_paths, pool):
+    """prefill(logits="last") (what generation samples from) is the last row of the full logits, chunked or not."""
+    m = models.load(model_paths["tiny-mixtral"])
+    try:
+        prompt = np.random.default_rng(3).integers(0, m.cfg.n_vocab, 11).tolist()
+        full = CpuEngine(m, pool=pool, n_ctx=N_CTX).prefill(prompt)
+        for chunk in (None, 4):
+            eng = CpuEngine(m, pool=pool, n_ctx=N_CTX)
+            last = eng.prefill(prompt, chunk=chunk, logits="last")
+            assert last.shape == (1, m.cfg.n_vocab) and eng.pos == len(prompt)
+            _same(last, full[-1:], f"last logits, chunk {chunk}")
+            _same(eng.decode(5), RefEngine(m, path="q8", n_ctx=N_CTX).prefill(prompt + [5])[-1], "decode after")
+    finally:
+        m.close()

@@ -185,3 +185,42 @@ def test_swiglu_matches_reference():
     g = g.astype(np.float32).reshape(1, -1)
     u = rng.standard_normal(g.shape).astype(np.float32)
     _same_bits(K.swiglu(g, u), silu32(g) * u, "swiglu")
+
+
+def test_generic_vector_paths(monkeypatch):
+    """The decoders and fused dots have an AVX2 form (pshufb, pmaddubsw, pmaddwd) and a generic-IR form for other
+    CPUs; CI runs on AVX2, so compile the generic form here too and check both give the same integers."""
+    from numba import njit
+
+    from strata.accel.cpu import _vec
+    from strata.accel.cpu import decode as Dd
+
+    rng = np.random.default_rng(11)
+    a = K.quantize_act(rng.standard_normal((1, 256 * 6)).astype(np.float32), 15).reshape(-1)
+    blocks = {t: quants.get(t).random_blocks(rng, 6, 0.05).reshape(-1) for t in (12, 13, 14, 20, 23)}
+
+    def build():
+        @njit
+        def sums(wq4, wq5, wq6, w_nl, w_xs, a):
+            out = np.zeros((6, 5), np.int64)
+            sc = np.zeros(512, np.int16)
+            aux = np.zeros(16, np.int32)
+            for b in range(6):
+                Dd.dec_q4_k_sc(wq4, 144 * b, sc, aux)
+                out[b, 0] = Dd.dot_q4_k(wq4, 144 * b, a, 292 * b, sc)
+                Dd.dec_q4_k_sc(wq5, 176 * b, sc, aux)
+                out[b, 1] = Dd.dot_q5_k(wq5, 176 * b, a, 292 * b, sc)
+                Dd.dec_q6_k_sc(wq6, 210 * b, sc, aux)
+                out[b, 2] = Dd.dot_q6_k(wq6, 210 * b, a, 292 * b, sc)
+                Dd.dec_iq4_nl(w_nl, 18 * b, sc, aux)
+                out[b, 3] = np.int64(sc.view(np.int8)[:32].astype(np.int64).sum())
+                Dd.dec_iq4_xs(w_xs, 136 * b, sc, aux)
+                out[b, 4] = np.int64(sc.view(np.int8)[:256].astype(np.int64).sum()) + aux[:8].sum()
+            return out
+
+        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], a)
+
+    native = build()
+    monkeypatch.setattr(_vec, "_AVX2", False)
+    generic = build()
+    assert np.array_equal(native, generic)

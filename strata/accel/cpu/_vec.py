@@ -25,16 +25,26 @@ if _X86 and not config.CPU_NAME and not config.CPU_FEATURES:
 
 
 class VB:
-    """Vector builder over one block: `base` (i8*) is the block, `dst`/`aux` (i8*) the outputs."""
+    """Vector builder over one block: `base` (i8*) is the block, `dst`/`aux` (i8*) the outputs; in a fused dot
+    `act` (i8*) is the activation block and `dst` holds the block's decoded scales."""
 
-    def __init__(self, builder: ir.IRBuilder, base, dst, aux):
-        self.b, self.base, self.dst, self.aux = builder, base, dst, aux
+    def __init__(self, builder: ir.IRBuilder, base, dst, aux, act=None):
+        self.b, self.base, self.dst, self.aux, self.act = builder, base, dst, aux, act
 
     # --- memory ------------------------------------------------------------------------------------------------
     def ld(self, off: int, n: int, bits: int = 8):
         """<n x i{bits}> at byte `off` of the block (n == 1: a scalar)."""
         ty = ir.IntType(bits) if n == 1 else vec(ir.IntType(bits), n)
         return load_at(self.b, self.b.gep(self.base, [ir.Constant(I64, off)]), ty)
+
+    def lda(self, off: int, n: int, bits: int = 8):
+        """<n x i{bits}> at byte `off` of the activation block."""
+        return load_at(self.b, self.b.gep(self.act, [ir.Constant(I64, off)]), vec(ir.IntType(bits), n))
+
+    def ldd(self, off: int, n: int, bits: int):
+        """<n x i{bits}> at byte `off` of dst (decoded scales)."""
+        ty = ir.IntType(bits) if n == 1 else vec(ir.IntType(bits), n)
+        return load_at(self.b, self.b.gep(self.dst, [ir.Constant(I64, off)]), ty)
 
     def put(self, where: str, byte_off: int, v):
         base = self.dst if where == "dst" else self.aux
@@ -148,6 +158,31 @@ class VB:
             level = [self.b.select(on, level[2 * i + 1], level[2 * i]) for i in range(len(level) // 2)]
         return level[0]
 
+    # --- pairwise multiply-adds (exact: callers keep every i16 pair sum below 2^15) ----------------------------------
+    def maddubs(self, u, sgn):
+        """<2n x i8> unsigned u, signed s -> <n x i16>: u[2i]·s[2i] + u[2i+1]·s[2i+1] (vpmaddubsw on AVX2)."""
+        n = u.type.count
+        if _AVX2 and n == 32:
+            from numba.core import cgutils
+
+            fnty = ir.FunctionType(vec(I16, 16), [vec(I8, 32), vec(I8, 32)])
+            fn = cgutils.get_or_insert_function(self.b.module, fnty, "llvm.x86.avx2.pmadd.ub.sw")
+            return self.b.call(fn, [u, sgn])
+        p = self.b.mul(self.zx(u, 16), self.sx(sgn, 16))
+        return self.b.add(self.shuf(p, range(0, n, 2)), self.shuf(p, range(1, n, 2)))
+
+    def maddwd(self, x, y):
+        """<2n x i16> x, y -> <n x i32>: x[2i]·y[2i] + x[2i+1]·y[2i+1] (vpmaddwd on AVX2)."""
+        n = x.type.count
+        if _AVX2 and n == 16:
+            from numba.core import cgutils
+
+            fnty = ir.FunctionType(vec(I32, 8), [vec(I16, 16), vec(I16, 16)])
+            fn = cgutils.get_or_insert_function(self.b.module, fnty, "llvm.x86.avx2.pmadd.wd")
+            return self.b.call(fn, [x, y])
+        p = self.b.mul(self.sx(x, 32), self.sx(y, 32))
+        return self.b.add(self.shuf(p, range(0, n, 2)), self.shuf(p, range(1, n, 2)))
+
     def signed(self, g, sign_bytes):
         """g <32 x i8> with lane j negated where bit (j % 8) of sign_bytes[j // 8] is set (ggml's sign masks)."""
         rep = self.shuf(sign_bytes, [j // 8 for j in range(32)])
@@ -175,4 +210,23 @@ def decoder(build):
     return dec
 
 
-__all__ = ["VB", "decoder", "I8", "I16", "I32", "I64"]
+def fused(build):
+    """An intrinsic `dot(w, off, a, aoff, dst) -> int64`: one weight block (byte `off` of w) against one
+    activation block (byte `aoff` of a), decoding and multiplying in registers; `build(vb)` returns the exact
+    i32 sum, reading per-block scales a decoder left in dst."""
+
+    @intrinsic
+    def dot(typingctx, w, off, a, aoff, dst):
+        def codegen(context, builder, sig, args):
+            base = byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            act = byte_ptr(context, builder, sig.args[2], args[2], args[3])
+            d = byte_ptr(context, builder, sig.args[4], args[4], ir.Constant(I64, 0))
+            return builder.sext(build(VB(builder, base, d, None, act)), I64)
+
+        return types.int64(w, types.int64, a, types.int64, dst), codegen
+
+    dot.__name__ = build.__name__
+    return dot
+
+
+__all__ = ["VB", "decoder", "fused", "I8", "I16", "I32", "I64"]

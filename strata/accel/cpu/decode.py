@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.accel.cpu._vec import VB, decoder
+from strata.accel.cpu._llvm import reduce_add
+from strata.accel.cpu._vec import VB, decoder, fused
 from strata.quants import iq_grids as G
 
 _KV_IQ4NL = [int(v) for v in G.KVALUES_IQ4NL]
@@ -146,6 +147,63 @@ def dec_q4_k(v):  # d | dmin | scales[12] | qs[128]
 @decoder
 def dec_q5_k(v):  # d | dmin | scales[12] | qh[32] | qs[128]
     _q45k(v, 48, 16)
+
+
+# --- fused block · activation dots: codes stay in registers (u8 × s8 pairs, then × the sub-block scale) ------------
+@decoder
+def dec_q4_k_sc(v):  # d | dmin | scales[12] | ...: dst int16[8] scales, aux int32[16] mins against bsums
+    sc, m = _scales_k4(v)
+    v.put("dst", 0, sc)
+    v.put("aux", 0, v.zx(v.shuf(m, [j // 2 for j in range(16)]), 32))
+
+
+def _dot_q45k(v: VB, qs_off: int, qh_off: int | None):
+    """Σ_w sc_s·code·a over the block (exact): per 32-weight half-group, pmaddubsw(code, a) then pmaddwd(·, sc)."""
+    sc = v.ldd(0, 8, 16)
+    qh = v.ld(qh_off, 32) if qh_off is not None else None
+    acc = None
+    for g in range(4):
+        q = v.ld(qs_off + 32 * g, 32)
+        for h, c in enumerate((v.and_(q, 15), v.shr(q, 4))):
+            if qh is not None:
+                c = v.or_(c, v.shl(v.and_(v.shr(qh, 2 * g + h), 1), 4))
+            t = v.maddwd(v.maddubs(c, v.lda(4 + 64 * g + 32 * h, 32)), v.shuf(sc, [2 * g + h] * 16))
+            acc = t if acc is None else v.b.add(acc, t)
+    return reduce_add(v.b, acc)
+
+
+@fused
+def dot_q4_k(v):  # qs[128] at 16
+    return _dot_q45k(v, 16, None)
+
+
+@fused
+def dot_q5_k(v):  # qh[32] at 16, qs[128] at 48
+    return _dot_q45k(v, 48, 16)
+
+
+@decoder
+def dec_q6_k_sc(v):  # int8 scales[16] at 192: dst int16[16], aux int32[16] (for the −32 offset against bsums)
+    sc = v.sx(v.ld(192, 16), 16)
+    v.put("dst", 0, sc)
+    v.put("aux", 0, v.sx(sc, 32))
+
+
+@fused
+def dot_q6_k(v):
+    """Σ_w sc_s·(q + 32)·a with q + 32 in 0..63 (unsigned for pmaddubsw); the caller subtracts 32·Σ_s sc_s·bsums_s."""
+    sc = v.ldd(0, 16, 16)
+    acc = None
+    for n in range(2):
+        ql = (v.ld(64 * n, 32), v.ld(64 * n + 32, 32))
+        qh = v.ld(128 + 32 * n, 32)
+        for k in range(4):
+            low4 = v.and_(ql[k % 2], 15) if k < 2 else v.shr(ql[k % 2], 4)
+            q = v.or_(low4, v.shl(v.and_(v.shr(qh, 2 * k), 3), 4))
+            s = v.shuf(sc, [8 * n + 2 * k] * 8 + [8 * n + 2 * k + 1] * 8)
+            t = v.maddwd(v.maddubs(q, v.lda(4 + 128 * n + 32 * k, 32)), s)
+            acc = t if acc is None else v.b.add(acc, t)
+    return reduce_add(v.b, acc)
 
 
 @decoder

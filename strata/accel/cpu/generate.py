@@ -45,7 +45,7 @@ def run_cpu(a) -> int:
         out.write(a.prompt)
         out.flush()
         t0 = time.perf_counter()
-        logits = eng.prefill(ids, chunk=getattr(a, "chunk", None))[-1]
+        logits = eng.prefill(ids, chunk=getattr(a, "chunk", None), logits="last")[-1]
         t_prompt = time.perf_counter() - t0
         hist, gen, ttft = list(ids), [], None
         stream = tok.stream()

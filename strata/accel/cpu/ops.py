@@ -99,7 +99,11 @@ class CpuOps(RefOps):
         return self._wcache[name]
 
     # --- dense -------------------------------------------------------------------------------------------------
+    head_rows = slice(None)   # rows of the final norm (and so of the output head) CpuEngine.forward wants
+
     def rms_norm(self, x: np.ndarray, name: str, eps: float) -> np.ndarray:
+        if name == "output_norm.weight":
+            x = x[self.head_rows]
         w = np.ascontiguousarray(self.model.view(name), np.float32).reshape(-1)
         x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
@@ -224,6 +228,32 @@ class CpuEngine(RefEngine):
         self.ops = CpuOps(model, self.kv, self.pool, self._routing)
         self.pos = 0
         self.n_chunks = 0
+
+    def forward(self, tokens, logits: str = "all") -> np.ndarray | None:
+        """RefEngine.forward, with `logits` = "all" [T, V], "last" [1, V] (what sampling needs: the output head
+        runs on one row, as llama.cpp's does) or "none" (a non-final prompt chunk)."""
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        if logits == "all":
+            return super().forward(tokens)
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        head = self.ops.head_rows
+        self.ops.head_rows = slice(-1, None) if logits == "last" else slice(0, 0)
+        try:
+            out = super().forward(ids)
+        finally:
+            self.ops.head_rows = head
+        return out if logits == "last" else None
+
+    def prefill(self, tokens, chunk: int | None = None, logits: str = "all") -> np.ndarray:
+        """RefEngine.prefill; with logits="last" only the final token's logits [1, V]."""
+        if logits == "all":
+            return super().prefill(tokens, chunk)
+        tokens = list(tokens)
+        step = chunk or len(tokens)
+        for i in range(0, len(tokens) - step, step):
+            self.forward(tokens[i:i + step], logits="none")
+        return self.forward(tokens[(len(tokens) - 1) // step * step:], logits=logits)
 
     def close(self):
         if self._own_pool:

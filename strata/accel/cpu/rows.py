@@ -144,11 +144,8 @@ def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
 # --- blocks with Q8_K activations (292 bytes: f32 d | qs[256] | bsums[16]) -------------------------------------
 @njit(inline="always")
 def blk_mins(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) − (dmin·dy)·f(summs)
-    if qt == Q4_K:
-        D.dec_q4_k(w, o, codes, aux)
-        d, dm = f16_at(w, o), f16_at(w, o + 2)
-    elif qt == Q5_K:
-        D.dec_q5_k(w, o, codes, aux)
+    if qt == Q4_K or qt == Q5_K:
+        D.dec_q4_k_sc(w, o, codes, aux)   # scales and mins; the codes meet the activations in registers
         d, dm = f16_at(w, o), f16_at(w, o + 2)
     else:
         D.dec_q2_k(w, o, codes, aux)
@@ -156,7 +153,12 @@ def blk_mins(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)�
     for t in range(T):
         ao = t * arow + 292 * b
         dyv = dy[t * nba + b]
-        isum = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
+        if qt == Q4_K:
+            isum = np.float32(D.dot_q4_k(w, o, a, ao, codes))
+        elif qt == Q5_K:
+            isum = np.float32(D.dot_q5_k(w, o, a, ao, codes))
+        else:
+            isum = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
         summs = np.float32(dot_i32_i16_16(aux, 0, a, ao + 260))
         acc[t] += (d * dyv) * isum - (dm * dyv) * summs
 
@@ -168,7 +170,7 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
         D.dec_q3_k(w, o, codes, aux)
         d = f16_at(w, o + 108)
     elif qt == Q6_K:
-        D.dec_q6_k(w, o, codes, aux)
+        D.dec_q6_k_sc(w, o, codes, aux)   # scales only: see the token loop
         d = f16_at(w, o + 208)
     elif qt == IQ3_S:
         D.dec_iq3_s(w, o, codes, aux)
@@ -186,7 +188,12 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
         D.dec_iq3_xxs(w, o, codes, aux)
         d, tail = f16_at(w, o), _F025
     for t in range(T):
-        bv = (d * dy[t * nba + b]) * np.float32(dot_i16_i8_256(codes, 0, a, t * arow + 292 * b + 4))
+        ao = t * arow + 292 * b
+        if qt == Q6_K:   # Σ sc·q·a = Σ sc·(q + 32)·a − 32·Σ_s sc_s·bsums_s
+            isum = D.dot_q6_k(w, o, a, ao, codes) - 32 * dot_i32_i16_16(aux, 0, a, ao + 260)
+        else:
+            isum = dot_i16_i8_256(codes, 0, a, ao + 4)
+        bv = (d * dy[t * nba + b]) * np.float32(isum)
         if tail != _F0:  # IQ2_* and IQ3_XXS: ggml scales by 0.125f / 0.25f (per block here, see iquants.py)
             bv = bv * tail
         acc[t] += bv

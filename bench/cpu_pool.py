@@ -1,0 +1,251 @@
+"""The CPU expert pool's speed: host memory bandwidth, expert throughput by quant type × tokens per expert ×
+worker count, and CPU-only prefill/decode of a synthesised model beside llama.cpp's CPU backend on the same GGUF.
+
+python bench/cpu_pool.py [--types Q4_K,Q8_0,...] [--tokens 1,2,4,8] [--workers 0,1,3,7,15] [--experts 64]
+                         [--preset olmoe-1b-7b --layers 4 | --model X.gguf] [--prompt-tokens 64] [--decode 32]
+                         [--llama-python /work/llama-venv/bin/python] [--rounds 3] [--json out.json]
+
+Every figure is the median of interleaved rounds (each round runs every configuration once, in the same order;
+pools sleep past their spin window between runs so one pool's spinning never steals another's cores). Expert
+shape: Qwen3-30B-A3B's (D 2048, F 768) unless --shape D,F. GB/s counts weight bytes read (blobs); a batch holds
+`--experts` distinct experts, enough to miss the last-level cache. llama.cpp runs in a subprocess through
+llama-cpp-python (the column is skipped, with a note, when that interpreter is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from numba import njit  # noqa: E402
+
+from strata import quants  # noqa: E402
+from strata.accel.cpu.pool import ExpertJob, ExpertPool, available_cores  # noqa: E402
+
+_LLAMA_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+import llama_cpp
+from llama_cpp import Llama
+path, threads, n_ctx, prompt, n_dec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
+m = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=len(prompt),
+          verbose=False)
+def greedy():   # the last token's logits (llama-cpp-python keeps no scores without logits_all)
+    return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1), shape=(m.n_vocab(),))))
+m.eval(prompt[:8]); greedy(); m.reset()   # warm-up (page-in, thread start)
+t0 = time.perf_counter(); m.eval(prompt); tok = greedy(); t1 = time.perf_counter()
+t2 = time.perf_counter()
+for _ in range(n_dec):
+    m.eval([tok]); tok = greedy()
+t3 = time.perf_counter()
+print(json.dumps({"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_dec / (t3 - t2)}))
+"""
+
+
+@njit(nogil=True, cache=True)
+def _stream_sum(a):
+    s = np.uint64(0)
+    for i in range(a.size):
+        s += a[i]
+    return s
+
+
+def host_bandwidth(threads: int, nbytes: int = 2 << 30, rounds: int = 5) -> float:
+    """GB/s of a streaming read: `threads` Python threads each summing a disjoint slice in nogil Numba code."""
+    a = np.ones(nbytes // 8, np.uint64)
+    parts = np.array_split(a, threads)
+    _stream_sum(parts[0][:16])
+    runs = []
+    for _ in range(rounds):
+        ts = [threading.Thread(target=_stream_sum, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        runs.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(runs)
+
+
+def _blobs(qtype: int, d: int, f: int, n: int, rng) -> tuple[list[np.ndarray], int]:
+    cls = quants.get(qtype)
+    size = 2 * f * cls.row_bytes(d) + d * cls.row_bytes(f)
+    raw = cls.random_blocks(rng, n * size // cls.type_size, 0.02).reshape(n, -1)
+    return [raw[i] for i in range(n)], size
+
+
+def expert_throughput(a, threads_all: int) -> list[dict]:
+    d, f = a.shape
+    rng = np.random.default_rng(0)
+    pools = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for w in a.workers:
+            pools[w] = ExpertPool(w, pipeline=a.pipeline)
+    data = {}
+    for name in a.types:
+        qt = next(c.qtype for c in quants.registered() if c.name == name)
+        blobs, size = _blobs(qt, d, f, a.experts, rng)
+        xs = {n: rng.standard_normal((a.experts, n, d)).astype(np.float32) for n in a.tokens}
+        outs = {n: np.empty((a.experts, n, d), np.float32) for n in a.tokens}
+        data[name] = (qt, blobs, size, xs, outs)
+    res: dict[tuple, list[float]] = {}
+    for r in range(a.rounds + 1):   # round 0 warms up (compiles, pages in)
+        for name, (qt, blobs, size, xs, outs) in data.items():
+            for w, pool in pools.items():
+                for n in a.tokens:
+                    jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(blobs)]
+                    time.sleep(0.005)   # every pool past its spin window: parked, not competing
+                    t0 = time.perf_counter()
+                    pool.run(jobs)
+                    dt = time.perf_counter() - t0
+                    if r:
+                        res.setdefault((name, w, n), []).append(dt)
+    rows = []
+    for (name, w, n), dts in res.items():
+        dt = statistics.median(dts)
+        size = data[name][2]
+        rows.append({"type": name, "threads": w + 1, "tokens": n, "ms": dt * 1e3,
+                     "gbps": a.experts * size / dt / 1e9, "experts_per_s": a.experts / dt})
+    for pool in pools.values():
+        pool.close()
+    return rows
+
+
+def model_file(a) -> str:
+    if a.model:
+        return a.model
+    path = os.path.join(tempfile.gettempdir(), f"strata-bench-{a.preset}-L{a.layers}.gguf")
+    if not os.path.exists(path):
+        print(f"synthesising {a.preset} with {a.layers} layers -> {path}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "strata.synth", "--preset", a.preset, "--layers", str(a.layers),
+                        "--out", path], check=True)
+    return path
+
+
+def ours(eng, prompt: list[int], n_dec: int) -> dict:
+    eng.reset()
+    t0 = time.perf_counter()
+    logits = eng.prefill(prompt, logits="last")   # the head on the last row only, as llama.cpp
+    t1 = time.perf_counter()
+    tok = int(np.argmax(logits[-1]))
+    t2 = time.perf_counter()
+    for _ in range(n_dec):
+        tok = int(np.argmax(eng.decode(tok)))
+    t3 = time.perf_counter()
+    return {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_dec / (t3 - t2)}
+
+
+def llama(a, path: str, prompt: list[int], threads: int) -> dict | None:
+    if not a.llama_python or not os.path.exists(a.llama_python):
+        return None
+    p = subprocess.run([a.llama_python, "-c", _LLAMA_SCRIPT, path, str(threads), str(len(prompt) + a.decode + 8),
+                        json.dumps(prompt), str(a.decode)], capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        print(f"llama.cpp run failed: {p.stderr.strip()[-500:]}", file=sys.stderr)
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def model_speed(a, threads_all: int) -> dict:
+    from strata import models
+    from strata.accel.cpu.ops import CpuEngine
+
+    path = model_file(a)
+    m = models.load(path)
+    prompt = np.random.default_rng(1).integers(0, m.cfg.n_vocab, a.prompt_tokens).tolist()
+    pool = ExpertPool(threads_all - 1, pipeline=a.pipeline)
+    eng = CpuEngine(m, pool=pool, n_ctx=a.prompt_tokens + a.decode + 8)
+    ours(eng, prompt[:8], 2)   # warm-up: loads the kernels, pages the file in
+    runs: dict[str, list[dict]] = {"strata": [], "llama.cpp": []}
+    note = None
+    for _ in range(a.rounds):
+        time.sleep(0.01)
+        runs["strata"].append(ours(eng, prompt, a.decode))
+        time.sleep(0.01)   # our workers park before llama.cpp's threads start
+        r = llama(a, path, prompt, threads_all)
+        if r is None:
+            note = f"llama.cpp column skipped: no working llama-cpp-python at {a.llama_python!r}"
+        else:
+            runs["llama.cpp"].append(r)
+    eng.close()
+    out = {"model": path, "arch": m.cfg.arch, "layers": m.cfg.n_layer, "threads": threads_all, "note": note}
+    for who, rs in runs.items():
+        if rs:
+            out[who] = {k: statistics.median(r[k] for r in rs) for k in ("prefill_tps", "decode_tps")}
+    if runs["llama.cpp"]:
+        out["ratio"] = {k: out["strata"][k] / out["llama.cpp"][k] for k in ("prefill_tps", "decode_tps")}
+    m.close()
+    return out
+
+
+def main():
+    cores = available_cores()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default="Q4_K,Q8_0,Q6_K,Q5_K,IQ4_XS,Q4_0,Q3_K,IQ2_XS")
+    ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--workers", default=",".join(str(w) for w in sorted({0, 1, 3, 7, cores - 1}) if w < cores))
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--shape", default="2048,768", help="D,F of the experts (default Qwen3-30B-A3B's)")
+    ap.add_argument("--pipeline", action="store_true", help="run the pools with the pipeline on")
+    ap.add_argument("--model", help="a GGUF for the CPU-only run (default: synthesise --preset)")
+    ap.add_argument("--preset", default="olmoe-1b-7b")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the synthesised model")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: bandwidth,experts,model")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    a.types = [t.strip().upper() for t in a.types.split(",") if t.strip()]
+    a.tokens = [int(t) for t in a.tokens.split(",")]
+    a.workers = [int(w) for w in a.workers.split(",")]
+    a.shape = tuple(int(v) for v in a.shape.split(","))
+    skip = set(a.skip.split(","))
+    result = {"cores": cores}
+    if "bandwidth" not in skip:
+        bw = {t: host_bandwidth(t) for t in sorted({1, 4, cores})}
+        result["host_read_gbps"] = bw
+        print("host memory bandwidth (streaming read): " + ", ".join(f"{t} thr {g:.1f} GB/s" for t, g in bw.items()))
+    if "experts" not in skip:
+        rows = expert_throughput(a, cores)
+        result["experts"] = rows
+        print(f"\nexpert throughput, D,F = {a.shape}, {a.experts} experts per batch, pipeline "
+              f"{'on' if a.pipeline else 'off'} (GB/s of weights | experts/s)")
+        for name in a.types:
+            print(f"  {name}")
+            for n in a.tokens:
+                cells = [r for r in rows if r["type"] == name and r["tokens"] == n]
+                print(f"    {n} tok/expert: " + "  ".join(f"{r['threads']:2d} thr {r['gbps']:6.1f} GB/s "
+                                                       f"{r['experts_per_s']:7.0f}/s" for r in cells))
+    if "model" not in skip:
+        ms = model_speed(a, cores)
+        result["model"] = ms
+        print(f"\nCPU-only {ms['arch']} ({ms['layers']} layers, {ms['threads']} threads): {ms['model']}")
+        for who in ("strata", "llama.cpp"):
+            if who in ms:
+                print(f"  {who:10s} prefill {ms[who]['prefill_tps']:8.1f} tok/s   decode {ms[who]['decode_tps']:7.2f} tok/s")
+        if "ratio" in ms:
+            print(f"  ratio      prefill {ms['ratio']['prefill_tps']:8.2f}x        decode {ms['ratio']['decode_tps']:7.2f}x")
+        if ms["note"]:
+            print(f"  note: {ms['note']}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
