@@ -28,6 +28,8 @@ def main():
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--losing-workers", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
+    ap.add_argument("--sim-model", default="", help="sim preset:MIX (default: from the GGUF's name and types)")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -89,6 +91,17 @@ def main():
                 cells.append(f"{med:8.1f} ({100 * (med / off - 1):+5.1f}%)" if n != "off" else f"{med:16.1f}")
             tab[L] = row
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
+        try:
+            pred = predict(a, m, eng, lengths, [(n, sh) for n, sh in settings], workers)
+            print(f"simulator ({a.sim_machine}), ms: measured / predicted (error)")
+            for L in lengths:
+                print(f"{L:7d} " + " ".join(
+                    f"{tab[L][n]['ms']:6.0f}/{pred[(L, n)]:6.0f} ({100 * (tab[L][n]['ms'] / pred[(L, n)] - 1):+4.0f}%)"
+                    for n, _ in settings))
+                for n, _ in settings:
+                    tab[L][n]["sim_ms"] = pred[(L, n)]
+        except Exception as e:  # noqa: BLE001 - the prediction column is optional (needs simpy)
+            print(f"simulator: no prediction ({e!r})")
         auto = pols["auto"]
         print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
               f"after {auto.gate.layers} eligible layers; CPU experts per run (auto) "
@@ -98,6 +111,30 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
+
+
+def predict(a, m, eng, lengths, settings, workers) -> dict:
+    """The SimPy model's prompt times for the same runs: the catalogue machine, the model's shape cut to its
+    layers, the engine's cache size, the same settings (sim/, run by the same policy objects)."""
+    import dataclasses
+
+    from sim.engine import Run, prefill
+    from sim.hardware import machine
+    from sim.models import model
+    from sim.whatif import setting_config
+
+    name = a.sim_model or {"qwen2moe": "flash-shape:IQ2_XS", "qwen3moe": "qwen3-30b-a3b:Q4_K"}[m.cfg.arch]
+    sm = model(name)
+    sm = dataclasses.replace(sm, shape=dataclasses.replace(sm.shape, n_layer=m.cfg.n_layer))
+    mach = dataclasses.replace(machine(a.sim_machine), pool_workers=workers)
+    out = {}
+    for L in lengths:
+        for n, sh in settings:
+            cfg = setting_config("default" if n == "auto" else ("off" if n == "off" else n))
+            r = prefill(Run(mach, sm, L, qualifies=True, ctx=max(lengths) + 16, cache_slots=eng.plan.cache_slots,
+                            cfg=cfg))
+            out[(L, n)] = r.prompt_ms
+    return out
 
 
 if __name__ == "__main__":
