@@ -37,6 +37,7 @@ class CpuBlock:
         self.thread = None
         self.cpu_ms = 0.0
         self.stats = {"layers": 0, "cpu_experts": 0, "shared_layers": 0}
+        self.taken: list[tuple[int, tuple[int, ...]]] = []   # (layer, CPU experts) of the prefill layers, in order
         self.decode_frac = 0.5           # decode: the share of misses the CPU takes (cost model, below)
         self._c_ms = self._g_ms = None
         self.log = log or (lambda s: print(s, file=sys.stderr))
@@ -123,6 +124,8 @@ class CpuBlock:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        if eligible:
+            self.taken.append((layer, tuple(lay.cpu)))
         if lay.cpu:
             base = lay.off[lay.cpu[0]]
             n = sum(int(lay.cnt[e]) for e in lay.cpu)

@@ -1,0 +1,80 @@
+"""The prefill CPU share in the GPU engine (SPEC §4-§6): `0` changes nothing, and a fixed share computes exactly
+what the reference computes for the same placement (the CPU's experts on the q8 path), within the GPU path's
+tolerance. On the host twin in CI; on CUDA with the `gpu` marker."""
+
+import os
+
+import numpy as np
+import pytest
+
+from strata import models, policy
+from strata.reference import golden
+from strata.reference.engine import RefEngine
+from strata.reference.linalg import Path
+from strata.tokenizer import Tokenizer
+
+from test_accel_engine import kl, make_device, top1_agreement
+
+NAMES = golden.golden_models()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from strata.accel.cpu.pool import ExpertPool
+
+    p = ExpertPool(workers=1)
+    yield p
+    p.close()
+
+
+def _engine(m, dev, pool, share, cache):
+    from strata.accel.engine import GpuEngine
+
+    return GpuEngine(m, dev, n_ctx=96, expert_cache=cache, pool=pool, config=policy.Config(cpu_share=share))
+
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", NAMES)
+def test_share_zero_is_the_engine_without_the_feature(kind, name, pool):
+    m = models.load(os.path.join(golden.GOLDEN_DIR, f"{name}.gguf"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
+    cache = m.cfg.n_layer * m.cfg.n_expert // 4
+    outs = []
+    for p, share in ((None, None), (pool, 0.0)):
+        dev = make_device(kind)
+        try:
+            e = _engine(m, dev, p, share, cache)
+            outs.append(e.prefill(ids, all_logits=True))
+            if p is not None:
+                assert e.cpu_block.stats["cpu_experts"] == 0
+        finally:
+            dev.close()
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", NAMES)
+def test_fixed_share_matches_the_reference_placement(kind, name, pool):
+    m = models.load(os.path.join(golden.GOLDEN_DIR, f"{name}.gguf"))
+    tok = Tokenizer.from_metadata(m.metadata)
+    refs, gots, kls, took = [], [], [], 0
+    for text in golden.load_prompts()[0]:
+        ids = tok.encode(text)
+        dev = make_device(kind)
+        try:
+            e = _engine(m, dev, pool, 0.6, 0)                        # nothing cached: every routed expert streams
+            got = e.prefill(ids, all_logits=True)
+            taken = dict(e.cpu_block.taken)
+        finally:
+            dev.close()
+        took += sum(len(v) for v in taken.values())
+        place = lambda l, x, taken=taken: Path.Q8 if x in taken.get(l, ()) else Path.FLOAT   # noqa: E731
+        ref = RefEngine(m, Path.FLOAT, placement=place, n_ctx=len(ids)).prefill(ids)
+        refs.append(ref)
+        gots.append(got)
+        kls.append(kl(ref[-1], got[-1]))
+    assert took > 0, "the share took no expert: the test would prove nothing"
+    agree, excluded = top1_agreement(np.concatenate(refs), np.concatenate(gots))
+    print(f"{kind} {name}: CPU took {took} experts; first-token KL max {max(kls):.2e}; top-1 {agree:.4f} "
+          f"({excluded} near-ties excluded)")
+    assert max(kls) <= 0.01 and agree >= 0.99
