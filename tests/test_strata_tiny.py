@@ -24,8 +24,8 @@ ORACLE = os.path.join(ROOT, "golden", "oracle", "strata_tiny", "oracle.npz")
 Q8, Q4K = (os.path.join(DATA, f"strata-tiny.{q}.gguf") for q in ("Q8_0", "Q4_K"))
 PPL_REL_TOL = 0.005      # the issue: reference perplexity equals torch's within 0.5%
 # Logits: the reference rounds every op's result to float32 (docs/NUMERICS.md), torch float64 rounds nothing;
-# over 4 layers that leaves ~1e-5 relative. 2e-3 absolute on logits of magnitude ~10-20 is ~100x that margin.
-LOGIT_ATOL = 2e-3
+# measured: max |Δ| 9.5e-7 on logits up to 12 (one float32 ulp there). 1e-4 leaves 100x that.
+LOGIT_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,8 @@ def test_reference_perplexity_equals_torch(oracle, q, n_windows):
     for tag in ("f64", "f32"):
         t_ppl = math.exp(oracle[f"{q}_ci_nll_{tag}"][:n_windows].sum() / (n_windows * W))
         assert abs(ref_ppl / t_ppl - 1) < PPL_REL_TOL, f"{q}: reference ppl {ref_ppl:.4f}, torch {tag} {t_ppl:.4f}"
-    assert ref_ppl < 40, f"{q}: held-out perplexity {ref_ppl:.1f} is not a trained model's (uniform: 2048)"
+    # a model that learnt nothing beyond token frequencies scores the unigram perplexity, ~650 on this text
+    assert ref_ppl < 200, f"{q}: held-out perplexity {ref_ppl:.1f} is not a trained model's (unigram: ~650)"
     exp = oracle[f"{q}_logits"]                                           # [2, P, V] torch float64
     got = logits[:2, :exp.shape[1]]
     d = np.abs(got.astype(np.float64) - exp)

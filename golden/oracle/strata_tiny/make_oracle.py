@@ -1,7 +1,7 @@
 """The torch oracle for strata-tiny: held-out perplexity and logits of the exported GGUFs, computed by an
 independent implementation of qwen3moe (`tools/tiny_torch.py`) on the files' own dequantised weights.
 
-    python golden/oracle/strata_tiny/make_oracle.py            (needs torch, the `train` extra; ~5 min)
+    python golden/oracle/strata_tiny/make_oracle.py [--ckpt final.pt]   (needs torch, the `train` extra; ~6 min)
 
 Writes `oracle.npz` beside this file; `tests/test_strata_tiny.py` runs the reference engine on the same windows
 and compares. Windows are cut from the held-out text (the files named in the GGUF's strata.train.heldout_files,
@@ -11,7 +11,7 @@ each followed by <|endoftext|>, encoded with the GGUF's tokenizer) — a window 
   full  every non-overlapping 256+1 window            (MODEL_CARD's torch figure)
 Keys, per quantisation Q in (Q8_0, Q4_K): {set}_ids [n, W+1] int32 (shared by Q), {Q}_{set}_nll_f64/_f32 [n]
 (summed negative log-likelihood per window, nats), {Q}_logits [2, 8, V] float32 (torch float64, the first 8
-positions of ci windows 0 and 1).
+positions of ci windows 0 and 1). With --ckpt, also prints the unquantised trained weights' full-set figure.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def torch_model(m, dtype):
                      n_vocab=c.n_vocab, n_ctx=max(c.n_ctx_train, FULL_W + 1), rope_base=c.rope_base,
                      rms_eps=c.rms_eps)
     tm = TinyMoE(cfg).to(dtype)
-    tm.load_gguf_state({k: torch.from_numpy(v) for k, v in weights_of(m).items()})
+    tm.load_gguf_state({k: torch.from_numpy(np.array(v)) for k, v in weights_of(m).items()})
     return tm.eval()
 
 
@@ -105,8 +105,26 @@ def ppl(nll: np.ndarray, n_windows: int, w: int) -> float:
     return math.exp(float(nll.sum()) / (n_windows * w))
 
 
-def main() -> int:
+def unquantised_full_ppl(ckpt: str, full: np.ndarray) -> float:
     import torch
+    from tiny_torch import TinyConfig, TinyMoE
+
+    ck = torch.load(ckpt, weights_only=False)
+    cfg = TinyConfig(**(ck["config"] | {"n_ctx": max(ck["config"]["n_ctx"], FULL_W + 1)}))
+    tm = TinyMoE(cfg)
+    tm.load_gguf_state(ck["weights"])
+    nll, _ = window_nll(tm.eval(), full)
+    return ppl(nll, len(full), FULL_W)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", help="final.pt of the training run: also report the unquantised weights")
+    a = ap.parse_args(argv)
 
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
@@ -118,6 +136,9 @@ def main() -> int:
     for name, win in sets.items():
         out[f"{name}_ids"] = win.astype(np.int32)
     print(f"held-out stream: {len(ids):,} tokens; full set {len(full)} windows of {FULL_W}")
+    if a.ckpt:
+        print(f"unquantised torch f32 full: {len(full)} windows x {FULL_W} tokens, perplexity "
+              f"{unquantised_full_ppl(a.ckpt, full):.4f}", flush=True)
     for q in QUANTS:
         with models.load(model_path(q)) as m:
             for dt, tag in ((torch.float64, "f64"), (torch.float32, "f32")):
