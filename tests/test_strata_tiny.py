@@ -1,8 +1,9 @@
-"""strata-tiny, the bundled trained model: its files, tokenizer, and the reference engine against the torch oracle.
+"""strata-tiny, the bundled trained model: its files, its tokenizer, and the reference engine against the
+torch oracle.
 
-Oracle: golden/oracle/strata_tiny/oracle.npz, written by `python golden/oracle/strata_tiny/make_oracle.py` (torch,
-an independent qwen3moe on the files' dequantised weights). The reference's held-out perplexity must equal
-torch's within 0.5% (the issue's bound); this runs 5 + 2 short windows (~20 s on 2 cores).
+Oracle: golden/oracle/strata_tiny/oracle.npz, written by `python golden/oracle/strata_tiny/make_oracle.py`
+(torch, an independent qwen3moe on the files' dequantised weights). The reference's held-out perplexity
+must equal torch's within 0.5% (the issue's bound); this runs 5 + 2 short windows (~20 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "strata", "data")
 ORACLE = os.path.join(ROOT, "golden", "oracle", "strata_tiny", "oracle.npz")
 Q8, Q4K = (os.path.join(DATA, f"strata-tiny.{q}.gguf") for q in ("Q8_0", "Q4_K"))
-PPL_REL_TOL = 0.005      # the issue: reference perplexity equals torch's within 0.5%
+PPL_REL_TOL = 0.005  # the issue: reference perplexity equals torch's within 0.5%
 # Logits: the reference rounds every op's result to float32 (docs/NUMERICS.md), torch float64 rounds nothing;
 # measured: max |Δ| 9.5e-7 on logits up to 12 (one float32 ulp there). 1e-4 leaves 100x that.
 LOGIT_ATOL = 1e-4
@@ -37,7 +38,9 @@ def oracle():
 def test_bundled_files_load_and_fit():
     expect_types = {Q8: {"Q8_0", "F32"}, Q4K: {"Q4_K", "Q6_K", "Q8_0", "F32"}}
     for path, types in expect_types.items():
-        assert os.path.getsize(path) < 8 * 2**20, f"{path} is {os.path.getsize(path):,} bytes (keep it < 8 MiB)"
+        assert (
+            os.path.getsize(path) < 8 * 2**20
+        ), f"{path} is {os.path.getsize(path):,} bytes (keep it < 8 MiB)"
         with models.load(path) as m:
             c = m.cfg
             assert (c.arch, c.n_expert, c.n_expert_used, c.n_embd % 256) == ("qwen3moe", 16, 2, 0)
@@ -85,7 +88,7 @@ def _reference_nll(path: str, windows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     nll, logits_all = [], []
     with models.load(path) as m:
         for win in windows:
-            logits = RefEngine(m, "float", n_ctx=len(win) - 1).prefill([int(t) for t in win[:-1]])   # [W, V]
+            logits = RefEngine(m, "float", n_ctx=len(win) - 1).prefill([int(t) for t in win[:-1]])  # [W, V]
             l64 = logits.astype(np.float64)
             mx = l64.max(-1)
             lse = mx + np.log(np.exp(l64 - mx[:, None]).sum(-1))
@@ -102,13 +105,17 @@ def test_reference_perplexity_equals_torch(oracle, q, n_windows):
     ref_ppl = math.exp(nll.sum() / (n_windows * W))
     for tag in ("f64", "f32"):
         t_ppl = math.exp(oracle[f"{q}_ci_nll_{tag}"][:n_windows].sum() / (n_windows * W))
-        assert abs(ref_ppl / t_ppl - 1) < PPL_REL_TOL, f"{q}: reference ppl {ref_ppl:.4f}, torch {tag} {t_ppl:.4f}"
+        assert (
+            abs(ref_ppl / t_ppl - 1) < PPL_REL_TOL
+        ), f"{q}: reference ppl {ref_ppl:.4f}, torch {tag} {t_ppl:.4f}"
     # a model that learnt nothing beyond token frequencies scores the unigram perplexity, ~650 on this text
     assert ref_ppl < 200, f"{q}: held-out perplexity {ref_ppl:.1f} is not a trained model's (unigram: ~650)"
-    exp = oracle[f"{q}_logits"]                                           # [2, P, V] torch float64
-    got = logits[:2, :exp.shape[1]]
+    exp = oracle[f"{q}_logits"]  # [2, P, V] torch float64
+    got = logits[:2, : exp.shape[1]]
     d = np.abs(got.astype(np.float64) - exp)
     w, p, v = np.unravel_index(int(np.argmax(d)), d.shape)
-    assert d.max() < LOGIT_ATOL, (f"{q}: logits differ by {d.max():.3g} at window {w}, position {p}, token {v}: "
-                                  f"reference {got[w, p, v]!r}, torch {exp[w, p, v]!r}")
+    assert d.max() < LOGIT_ATOL, (
+        f"{q}: logits differ by {d.max():.3g} at window {w}, position {p}, token {v}: "
+        f"reference {got[w, p, v]!r}, torch {exp[w, p, v]!r}"
+    )
     assert np.array_equal(got.argmax(-1), exp.argmax(-1))

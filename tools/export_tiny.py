@@ -5,7 +5,8 @@
 Two files: `strata-tiny.Q8_0.gguf` (every 2-D weight Q8_0, exactly ggml-encodable: our Q8_0 encoder is ggml's
 `quantize_row_q8_0_ref`) and `strata-tiny.Q4_K.gguf` (llama.cpp's Q4_K_M-like mix where rows allow it: Q4_K
 embedding, attention and expert gate/up, Q6_K output and attn_v; the expert down rows are F = 64 long, not a
-multiple of QK_K = 256, so they stay Q8_0). Norms and routers are F32 in both. Needs torch only to read final.pt.
+multiple of QK_K = 256, so they stay Q8_0). Norms and routers are F32 in both.
+Needs torch only to read final.pt.
 """
 
 from __future__ import annotations
@@ -27,22 +28,55 @@ from strata.synth.presets import GGML, ModelShape  # noqa: E402
 
 NAME = "strata-tiny"
 EOT = "<|endoftext|>"
-PROMPT_FORMAT = ("plain text continuation, no chat template: the prompt is the start of a Python source file "
-                 "(or any Python code); files were separated by <|endoftext|> in training; no BOS token")
-MIXES = {   # role -> ggml type; norms and routers are F32 (role_of's "norm"/"router" fall back to ModelShape's F32)
-    "Q8_0": dict(embd="Q8_0", output="Q8_0", attn_q="Q8_0", attn_k="Q8_0", attn_v="Q8_0", attn_output="Q8_0",
-                 exp_gate="Q8_0", exp_up="Q8_0", exp_down="Q8_0"),
-    "Q4_K": dict(embd="Q4_K", output="Q6_K", attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="Q4_K",
-                 exp_gate="Q4_K", exp_up="Q4_K", exp_down="Q8_0"),
+PROMPT_FORMAT = (
+    "plain text continuation, no chat template: the prompt is the start of a Python source file "
+    "(or any Python code); files were separated by <|endoftext|> in training; no BOS token"
+)
+# role -> ggml type; norms and routers are F32 (role_of's "norm" and "router")
+MIXES = {
+    "Q8_0": dict(
+        embd="Q8_0",
+        output="Q8_0",
+        attn_q="Q8_0",
+        attn_k="Q8_0",
+        attn_v="Q8_0",
+        attn_output="Q8_0",
+        exp_gate="Q8_0",
+        exp_up="Q8_0",
+        exp_down="Q8_0",
+    ),
+    "Q4_K": dict(
+        embd="Q4_K",
+        output="Q6_K",
+        attn_q="Q4_K",
+        attn_k="Q4_K",
+        attn_v="Q6_K",
+        attn_output="Q4_K",
+        exp_gate="Q4_K",
+        exp_up="Q4_K",
+        exp_down="Q8_0",
+    ),
 }
-FILE_TYPE = {"Q8_0": 7, "Q4_K": 15}   # llama_ftype: MOSTLY_Q8_0, MOSTLY_Q4_K_M
+FILE_TYPE = {"Q8_0": 7, "Q4_K": 15}  # llama_ftype: MOSTLY_Q8_0, MOSTLY_Q4_K_M
 
 
 def model_shape(cfg: dict, mix: str) -> ModelShape:
-    return ModelShape("qwen3moe", cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"],
-                      cfg["n_expert"], cfg["n_expert_used"], cfg["n_ff_exp"], cfg["n_vocab"], n_ctx=cfg["n_ctx"],
-                      rope_base=cfg["rope_base"], rms_eps=cfg["rms_eps"],
-                      types={k: GGML[v] for k, v in MIXES[mix].items()})
+    return ModelShape(
+        "qwen3moe",
+        cfg["n_layer"],
+        cfg["n_embd"],
+        cfg["n_head"],
+        cfg["n_head_kv"],
+        cfg["head_dim"],
+        cfg["n_expert"],
+        cfg["n_expert_used"],
+        cfg["n_ff_exp"],
+        cfg["n_vocab"],
+        n_ctx=cfg["n_ctx"],
+        rope_base=cfg["rope_base"],
+        rms_eps=cfg["rms_eps"],
+        types={k: GGML[v] for k, v in MIXES[mix].items()},
+    )
 
 
 def tokenizer_keys(tokens: list[str], types: list[int], merges: list[str]) -> dict:
@@ -52,7 +86,7 @@ def tokenizer_keys(tokens: list[str], types: list[int], merges: list[str]) -> di
 
 
 def encode(x: np.ndarray, qtype: int) -> np.ndarray:
-    """float32 weights (numpy shape) -> the bytes ggml stores: typed F32, or [rows, row_bytes] uint8 blocks."""
+    """float32 weights (numpy shape) -> the bytes ggml stores: typed F32, or [rows, row_bytes] uint8."""
     x = np.ascontiguousarray(x, np.float32)
     if qtype == GGML["F32"]:
         return x
@@ -61,13 +95,18 @@ def encode(x: np.ndarray, qtype: int) -> np.ndarray:
     return q.quantize(rows.reshape(-1, q.block_size)).reshape(rows.shape[0], -1)
 
 
-def write_gguf(path: str, weights: dict[str, np.ndarray], cfg: dict, tok: dict, mix: str, record: dict) -> int:
+def write_gguf(
+    path: str, weights: dict[str, np.ndarray], cfg: dict, tok: dict, mix: str, record: dict
+) -> int:
     shape = model_shape(cfg, mix)
     mcfg = shape_config(shape)
     w = GGUFWriter("qwen3moe")
     w.add("general.name", NAME)
-    w.add("general.description", "strata-tiny: a small qwen3moe trained on CPython standard-library sources "
-                                 "(PSF licence) to be Strata's bundled default model; see MODEL_CARD.md")
+    w.add(
+        "general.description",
+        "strata-tiny: a small qwen3moe trained on CPython standard-library sources "
+        "(PSF licence) to be Strata's bundled default model; see MODEL_CARD.md",
+    )
     w.add("general.license", "MIT")
     w.add("general.file_type", FILE_TYPE[mix], 4)
     w.add("general.quantization_version", 2, 4)
@@ -75,9 +114,12 @@ def write_gguf(path: str, weights: dict[str, np.ndarray], cfg: dict, tok: dict, 
     for k, v in tok.items():
         w.add(k, v, *TOKENIZER_KEY_TYPES.get(k, (None, None)))
     w.add("strata.prompt_format", PROMPT_FORMAT)
-    w.add("strata.train.corpus", f"CPython {record['python']} Lib/*.py, {len(record['train_files'])} files "
-                                 f"(sha256 of all {len(record['train_files']) + len(record['heldout_files'])}: "
-                                 f"{record['corpus_sha256']})")
+    w.add(
+        "strata.train.corpus",
+        f"CPython {record['python']} Lib/*.py, {len(record['train_files'])} files "
+        f"(sha256 of all {len(record['train_files']) + len(record['heldout_files'])}: "
+        f"{record['corpus_sha256']})",
+    )
     w.add("strata.train.heldout_files", list(record["heldout_files"]))
     w.add("strata.train.steps", int(record["steps"]), 4)
     w.add("strata.train.tokens_seen", int(record["tokens_seen"]), 4)

@@ -4,11 +4,11 @@
     python tools/routing_stats.py --from-trace F.jsonl [F2.jsonl ...]
 
 Runs the held-out `card` windows of golden/oracle/strata_tiny/oracle.npz through `RefEngine` (float path, one
-window per fresh cache) with a `RoutingWriter`, then summarises the trace per layer: share of routed (token, k)
-slots taken by the most used expert and by the top 25% of experts, the fitted Zipf exponent of expert popularity
-(`strata.synth.router.zipf_slope`: minus the slope of log frequency on log rank), and the entropy of the usage
-distribution over log E (1 = uniform). Also prints the reference's perplexity on those windows. MODEL_CARD.md's
-routing table and reference perplexity come from this command.
+window per fresh cache) with a `RoutingWriter`, then summarises the trace per layer: share of routed
+(token, k) slots taken by the most used expert and by the top 25% of experts, the fitted Zipf exponent of
+expert popularity (`strata.synth.router.zipf_slope`: minus the slope of log frequency on log rank), and the
+entropy of the usage distribution over log E (1 = uniform). Also prints the reference's perplexity on those
+windows. MODEL_CARD.md's routing table and reference perplexity come from this command.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ def layer_stats(counts: np.ndarray) -> dict:
     E = counts.size
     f = np.sort(counts.astype(np.float64))[::-1] / counts.sum()
     p = f[f > 0]
-    return {"top1": float(f[0]), "top25": float(f[:max(1, E // 4)].sum()), "zipf": zipf_slope(f),
-            "entropy": float(-(p * np.log(p)).sum() / math.log(E)), "unused": int((counts == 0).sum())}
+    return {
+        "top1": float(f[0]),
+        "top25": float(f[: max(1, E // 4)].sum()),
+        "zipf": zipf_slope(f),
+        "entropy": float(-(p * np.log(p)).sum() / math.log(E)),
+        "unused": int((counts == 0).sum()),
+    }
 
 
 def summarise(head: dict, counts) -> tuple[list[dict], dict]:
@@ -50,8 +55,10 @@ def summarise(head: dict, counts) -> tuple[list[dict], dict]:
 
 
 def print_table(rows: list[dict], mean: dict, n_slots: int, E: int) -> None:
-    print(f"routing over {n_slots:,} (token, k) slots per layer, {E} experts "
-          f"(uniform: top-1 {1 / E:.3f}, top-25% {max(1, E // 4) / E:.3f}, Zipf 0, entropy 1)")
+    print(
+        f"routing over {n_slots:,} (token, k) slots per layer, {E} experts "
+        f"(uniform: top-1 {1 / E:.3f}, top-25% {max(1, E // 4) / E:.3f}, Zipf 0, entropy 1)"
+    )
     print("| layer | top-1 expert share | top-25% experts share | Zipf exponent | entropy / log E |")
     print("|---|---|---|---|---|")
     for l, r in enumerate(rows):
@@ -71,13 +78,17 @@ def run_reference(model_path: str, windows: np.ndarray, trace: str) -> float:
     for i, win in enumerate(windows):
         eng = RefEngine(m, "float", n_ctx=len(win) - 1, on_routing=writer.layer)
         writer.bind(eng)
-        logits = eng.prefill([int(t) for t in win[:-1]]).astype(np.float64)           # [W, V]
+        logits = eng.prefill([int(t) for t in win[:-1]]).astype(np.float64)  # [W, V]
         mx = logits.max(-1, keepdims=True)
-        lse = (mx[:, 0] + np.log(np.exp(logits - mx).sum(-1)))
+        lse = mx[:, 0] + np.log(np.exp(logits - mx).sum(-1))
         nll += float((lse - logits[np.arange(len(win) - 1), win[1:]]).sum())
         n += len(win) - 1
-        print(f"\rreference: window {i + 1}/{len(windows)}, perplexity so far {math.exp(nll / n):.4f}",
-              end="", file=sys.stderr, flush=True)
+        print(
+            f"\rreference: window {i + 1}/{len(windows)}, perplexity so far {math.exp(nll / n):.4f}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
     print(file=sys.stderr)
     writer.close()
     m.close()
@@ -95,11 +106,13 @@ def main(argv=None) -> int:
         head, counts = routing_trace.profile(a.from_trace)
     else:
         with np.load(ORACLE) as z:
-            win = z["card_ids"][:a.windows]
+            win = z["card_ids"][: a.windows]
         trace = a.trace or os.path.join(tempfile.mkdtemp(), "routing.jsonl")
         p = run_reference(a.model, win, trace)
-        print(f"reference float-path perplexity on {len(win)} held-out windows x {win.shape[1] - 1} tokens: "
-              f"{p:.4f}")
+        print(
+            f"reference float-path perplexity on {len(win)} held-out windows x {win.shape[1] - 1} tokens: "
+            f"{p:.4f}"
+        )
         if a.trace:
             print(f"routing trace in {a.trace}")
         head, counts = routing_trace.profile([trace])

@@ -6,7 +6,8 @@ x += Σ_k w_k · down(silu(gate h) * (up h)) with h = n'(x), softmax over all E 
 renormalise over the K. Head: output(norm(x)), untied. Weights keep the GGUF names (STYLE point 2) and numpy
 shapes (= ggml `ne` reversed), so export and import are a name match.
 
-Legend: B batch, T tokens, D hidden, H/Hkv heads, hd head size, E experts, K top-k, F expert FFN, V vocabulary.
+Legend: B batch, T tokens, D hidden, H/Hkv heads, hd head size, E experts, K top-k, F expert FFN,
+V vocabulary.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ import torch.nn.functional as Fn
 
 @dataclass(frozen=True, slots=True)
 class TinyConfig:
-    n_layer: int = 4            # L
-    n_embd: int = 256           # D: a multiple of 256, so Q4_K rows fit (QK_K = 256)
-    n_head: int = 4             # H
-    n_head_kv: int = 2          # Hkv (GQA, 2 query heads per key/value head)
-    head_dim: int = 64          # hd; H*hd = 256, so attn_output rows are Q4_K-encodable too
-    n_expert: int = 16          # E
-    n_expert_used: int = 2      # K
-    n_ff_exp: int = 64          # F (down rows of 64: Q8_0 in the K-quant file too)
-    n_vocab: int = 2048         # V (byte-level BPE incl. 3 specials)
-    n_ctx: int = 512            # context the model is trained for (rope positions)
+    n_layer: int = 4  # L
+    n_embd: int = 256  # D: a multiple of 256, so Q4_K rows fit (QK_K = 256)
+    n_head: int = 4  # H
+    n_head_kv: int = 2  # Hkv (GQA, 2 query heads per key/value head)
+    head_dim: int = 64  # hd; H*hd = 256, so attn_output rows are Q4_K-encodable too
+    n_expert: int = 16  # E
+    n_expert_used: int = 2  # K
+    n_ff_exp: int = 64  # F (down rows of 64: Q8_0 in the K-quant file too)
+    n_vocab: int = 2048  # V (byte-level BPE incl. 3 specials)
+    n_ctx: int = 512  # context the model is trained for (rope positions)
     rope_base: float = 10000.0
     rms_eps: float = 1e-6
 
@@ -49,12 +50,20 @@ def tensor_shapes(c: TinyConfig) -> dict[str, tuple[int, ...]]:
     out = {"token_embd.weight": (V, D)}
     for l in range(c.n_layer):
         p = f"blk.{l}."
-        out |= {p + "attn_norm.weight": (D,), p + "attn_q.weight": (c.n_head * c.head_dim, D),
-                p + "attn_k.weight": (c.n_head_kv * c.head_dim, D), p + "attn_v.weight": (c.n_head_kv * c.head_dim, D),
-                p + "attn_q_norm.weight": (c.head_dim,), p + "attn_k_norm.weight": (c.head_dim,),
-                p + "attn_output.weight": (D, c.n_head * c.head_dim), p + "ffn_norm.weight": (D,),
-                p + "ffn_gate_inp.weight": (E, D), p + "ffn_gate_exps.weight": (E, F, D),
-                p + "ffn_up_exps.weight": (E, F, D), p + "ffn_down_exps.weight": (E, D, F)}
+        out |= {
+            p + "attn_norm.weight": (D,),
+            p + "attn_q.weight": (c.n_head * c.head_dim, D),
+            p + "attn_k.weight": (c.n_head_kv * c.head_dim, D),
+            p + "attn_v.weight": (c.n_head_kv * c.head_dim, D),
+            p + "attn_q_norm.weight": (c.head_dim,),
+            p + "attn_k_norm.weight": (c.head_dim,),
+            p + "attn_output.weight": (D, c.n_head * c.head_dim),
+            p + "ffn_norm.weight": (D,),
+            p + "ffn_gate_inp.weight": (E, D),
+            p + "ffn_gate_exps.weight": (E, F, D),
+            p + "ffn_up_exps.weight": (E, F, D),
+            p + "ffn_down_exps.weight": (E, D, F),
+        }
     return out | {"output_norm.weight": (D,), "output.weight": (V, D)}
 
 
@@ -90,8 +99,12 @@ class TinyMoE(torch.nn.Module):
         for name, shape in tensor_shapes(cfg).items():
             if name.endswith("norm.weight"):
                 t = torch.ones(shape)
-            else:   # N(0, 0.02); projections back into the residual scaled by 1/sqrt(2L) (GPT-2 init)
-                std = 0.02 / math.sqrt(2 * cfg.n_layer) if ("attn_output" in name or "down_exps" in name) else 0.02
+            else:  # N(0, 0.02); projections back into the residual scaled by 1/sqrt(2L) (GPT-2 init)
+                std = (
+                    0.02 / math.sqrt(2 * cfg.n_layer)
+                    if ("attn_output" in name or "down_exps" in name)
+                    else 0.02
+                )
                 t = torch.randn(shape, generator=g) * std
             self.w[name.replace(".", "/")] = torch.nn.Parameter(t)
         cos, sin = rope_cos_sin(cfg.n_ctx, cfg.head_dim, cfg.rope_base, torch.float32)
@@ -113,49 +126,57 @@ class TinyMoE(torch.nn.Module):
                 assert tuple(v.shape) == want[k], f"{k}: shape {tuple(v.shape)}, the config needs {want[k]}"
                 self.w[k.replace(".", "/")].copy_(v.to(self.w[k.replace(".", "/")].dtype))
 
-    # --- blocks -----------------------------------------------------------------------------------------------
+    # --- blocks ---------------------------------------------------------------------------------------
     def attention(self, x: torch.Tensor, l: int) -> torch.Tensor:
         c, p = self.cfg, f"blk.{l}."
         B, T, _ = x.shape
-        h = rms_norm(x, self.p(p + "attn_norm.weight"), c.rms_eps)                       # [B, T, D]
-        q = (h @ self.p(p + "attn_q.weight").T).view(B, T, c.n_head, c.head_dim)         # [B, T, H, hd]
-        k = (h @ self.p(p + "attn_k.weight").T).view(B, T, c.n_head_kv, c.head_dim)      # [B, T, Hkv, hd]
-        v = (h @ self.p(p + "attn_v.weight").T).view(B, T, c.n_head_kv, c.head_dim)      # [B, T, Hkv, hd]
-        q = rms_norm(q, self.p(p + "attn_q_norm.weight"), c.rms_eps)                     # per head
+        h = rms_norm(x, self.p(p + "attn_norm.weight"), c.rms_eps)  # [B, T, D]
+        q = (h @ self.p(p + "attn_q.weight").T).view(B, T, c.n_head, c.head_dim)  # [B, T, H, hd]
+        k = (h @ self.p(p + "attn_k.weight").T).view(B, T, c.n_head_kv, c.head_dim)  # [B, T, Hkv, hd]
+        v = (h @ self.p(p + "attn_v.weight").T).view(B, T, c.n_head_kv, c.head_dim)  # [B, T, Hkv, hd]
+        q = rms_norm(q, self.p(p + "attn_q_norm.weight"), c.rms_eps)  # per head
         k = rms_norm(k, self.p(p + "attn_k_norm.weight"), c.rms_eps)
         cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
         q, k = rope_neox(q, cos, sin), rope_neox(k, cos, sin)
-        g = c.n_head // c.n_head_kv                                                       # kv head j serves g·j..
-        k = k.repeat_interleave(g, dim=2)                                                 # [B, T, H, hd]
+        g = c.n_head // c.n_head_kv  # kv head j serves g·j..
+        k = k.repeat_interleave(g, dim=2)  # [B, T, H, hd]
         v = v.repeat_interleave(g, dim=2)
-        o = Fn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                            is_causal=True, scale=1.0 / math.sqrt(c.head_dim))   # [B, H, T, hd]
-        o = o.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim)                        # [B, T, H*hd]
-        return o @ self.p(p + "attn_output.weight").T                                     # [B, T, D]
+        o = Fn.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            scale=1.0 / math.sqrt(c.head_dim),
+        )  # [B, H, T, hd]
+        o = o.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim)  # [B, T, H*hd]
+        return o @ self.p(p + "attn_output.weight").T  # [B, T, D]
 
     def moe(self, x: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> output [B, T, D], router probs [N, E], chosen ids [N, K] (N = B·T)."""
         c, p = self.cfg, f"blk.{l}."
         B, T, D = x.shape
-        h = rms_norm(x, self.p(p + "ffn_norm.weight"), c.rms_eps).reshape(B * T, D)      # [N, D]
-        probs = torch.softmax(h @ self.p(p + "ffn_gate_inp.weight").T, dim=-1)           # [N, E]
-        w, ids = torch.topk(probs, c.n_expert_used, dim=-1)                              # [N, K]
-        w = w / w.sum(-1, keepdim=True)                                                   # renormalise over K
-        gate, up, down = (self.p(p + n) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                                  "ffn_down_exps.weight"))
-        flat = ids.reshape(-1)                                                            # [N*K] (t, k) pairs
-        order = torch.argsort(flat, stable=True)                                          # expert-major rows
+        h = rms_norm(x, self.p(p + "ffn_norm.weight"), c.rms_eps).reshape(B * T, D)  # [N, D]
+        probs = torch.softmax(h @ self.p(p + "ffn_gate_inp.weight").T, dim=-1)  # [N, E]
+        w, ids = torch.topk(probs, c.n_expert_used, dim=-1)  # [N, K]
+        w = w / w.sum(-1, keepdim=True)  # renormalise over K
+        gate, up, down = (
+            self.p(p + n) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+        )
+        flat = ids.reshape(-1)  # [N*K] (t, k) pairs
+        order = torch.argsort(flat, stable=True)  # expert-major rows
         counts = torch.bincount(flat, minlength=c.n_expert).tolist()
-        hs = h[order // c.n_expert_used]                                                  # [N*K, D] one gather
-        ys = [(Fn.silu(he @ g.T) * (he @ u.T)) @ d.T                                       # [n_e, D] unweighted
-              for he, g, u, d in zip(hs.split(counts), gate.unbind(0), up.unbind(0), down.unbind(0))]
-        dm = torch.cat(ys) * w.reshape(-1)[order, None]                                   # [N*K, D] weighted
-        out = dm[torch.argsort(order)].view(B * T, c.n_expert_used, D).sum(1)             # [N, D] back to (t, k)
+        hs = h[order // c.n_expert_used]  # [N*K, D] one gather
+        ys = [
+            (Fn.silu(he @ g.T) * (he @ u.T)) @ d.T  # [n_e, D] unweighted
+            for he, g, u, d in zip(hs.split(counts), gate.unbind(0), up.unbind(0), down.unbind(0))
+        ]
+        dm = torch.cat(ys) * w.reshape(-1)[order, None]  # [N*K, D] weighted
+        out = dm[torch.argsort(order)].view(B * T, c.n_expert_used, D).sum(1)  # [N, D] back to (t, k)
         return out.view(B, T, D), probs, ids
 
     def forward(self, idx: torch.Tensor, with_routing: bool = False):
         """idx [B, T] -> logits [B, T, V] (+ per-layer (probs, ids) when with_routing)."""
-        x = self.p("token_embd.weight")[idx]                                              # [B, T, D]
+        x = self.p("token_embd.weight")[idx]  # [B, T, D]
         routing = []
         for l in range(self.cfg.n_layer):
             x = x + self.attention(x, l)
@@ -163,7 +184,7 @@ class TinyMoE(torch.nn.Module):
             x = x + y
             routing.append((probs, ids))
         x = rms_norm(x, self.p("output_norm.weight"), self.cfg.rms_eps)
-        logits = x @ self.p("output.weight").T                                            # [B, T, V]
+        logits = x @ self.p("output.weight").T  # [B, T, V]
         return (logits, routing) if with_routing else logits
 
 
@@ -172,6 +193,6 @@ def load_balance_loss(routing, n_expert: int) -> torch.Tensor:
     (transformers `load_balancing_loss_func`; K at perfectly uniform routing)."""
     total = 0.0
     for probs, ids in routing:
-        frac = torch.bincount(ids.reshape(-1), minlength=n_expert).to(probs.dtype) / ids.shape[0]   # [E]
+        frac = torch.bincount(ids.reshape(-1), minlength=n_expert).to(probs.dtype) / ids.shape[0]  # [E]
         total = total + n_expert * (frac * probs.mean(0)).sum()
     return total / len(routing)

@@ -4,7 +4,8 @@
 
 Deterministic: fixed seeds, `torch.use_deterministic_algorithms(True)`, 2 threads, a data order that is a pure
 function of (seed, step), so a resumed run equals an uninterrupted one. The text is `strata.synth.corpus`'s
-recorded stdlib file list on Python 3.11.7 (its SHA-256 is checked); every 10th file is held out for perplexity.
+recorded stdlib file list on Python 3.11.7 (its SHA-256 is checked); every 10th file is held out for
+perplexity.
 The vocabulary (byte-level BPE, qwen2 pre-tokeniser) is learnt from the training files only. Writes
 `<out>/ckpt.pt` every `--ckpt-every` steps and `<out>/final.pt` (weights by GGUF name, config, vocabulary,
 training record) for `tools/export_tiny.py`. Needs torch (the `train` extra).
@@ -30,8 +31,8 @@ from tiny_torch import TinyConfig, TinyMoE, load_balance_loss  # noqa: E402
 
 THREADS = 2
 SEED = 1234
-HELDOUT_EVERY = 10            # file i of the sorted list is held out when i % 10 == 9
-EOT = "<|endoftext|>"         # separates documents (files); the model's EOS/EOT
+HELDOUT_EVERY = 10  # file i of the sorted list is held out when i % 10 == 9
+EOT = "<|endoftext|>"  # separates documents (files); the model's EOS/EOT
 
 
 def split_files(files: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -48,9 +49,11 @@ def build_data(vocab_size: int, allow_other_python: bool = False) -> dict:
 
     full = stdlib_corpus()
     if not full.recorded and not allow_other_python:
-        raise SystemExit(f"train_tiny: the stdlib text differs from the recorded one (Python {full.python_version}, "
-                         f"sha256 {full.sha256[:12]}); strata-tiny was trained on Python 3.11.7's. Pass "
-                         f"--allow-other-python to train on this one anyway (the figures will differ).")
+        raise SystemExit(
+            f"train_tiny: the stdlib text differs from the recorded one (Python {full.python_version}, "
+            f"sha256 {full.sha256[:12]}); strata-tiny was trained on Python 3.11.7's. Pass "
+            f"--allow-other-python to train on this one anyway (the figures will differ)."
+        )
     train_files, held_files = split_files(STDLIB_FILES)
     tokens, types, merges = train_bpe(stdlib_corpus(train_files).text, vocab_size, QWEN_SPECIALS, pre="qwen2")
     meta = tokenizer_metadata(tokens, types, merges, "qwen2", bos=None, eos=EOT, eot=EOT, chat_template=None)
@@ -63,15 +66,23 @@ def build_data(vocab_size: int, allow_other_python: bool = False) -> dict:
             out += tok.encode(stdlib_corpus((f,)).text, add_special=False, parse_special=False) + [eot]
         return np.asarray(out, np.int32)
 
-    return {"tokens": tokens, "types": types, "merges": merges, "train_ids": encode(train_files),
-            "heldout_ids": encode(held_files), "train_files": train_files, "heldout_files": held_files,
-            "corpus_sha256": full.sha256, "python": full.python_version}
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": merges,
+        "train_ids": encode(train_files),
+        "heldout_ids": encode(held_files),
+        "train_files": train_files,
+        "heldout_files": held_files,
+        "corpus_sha256": full.sha256,
+        "python": full.python_version,
+    }
 
 
 def batch_starts(n_tokens: int, T: int, B: int, step: int, seed: int = SEED) -> np.ndarray:
-    """Window starts of batch `step`: epoch e cuts the stream at offset (61·e mod T) into windows of T+1 tokens
-    and visits them in a permutation drawn from seed·1000 + e. A pure function of its arguments."""
-    per_epoch = (n_tokens - 1 - T) // T            # windows per epoch (the same count whatever the offset)
+    """Window starts of batch `step`: epoch e cuts the stream at offset (61·e mod T) into windows of T+1
+    tokens and visits them in a permutation drawn from seed·1000 + e. A pure function of its arguments."""
+    per_epoch = (n_tokens - 1 - T) // T  # windows per epoch (the same count whatever the offset)
     out = []
     for i in range(step * B, (step + 1) * B):
         e, j = divmod(i, per_epoch)
@@ -81,17 +92,19 @@ def batch_starts(n_tokens: int, T: int, B: int, step: int, seed: int = SEED) -> 
 
 
 def windows(ids: np.ndarray, starts, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x = np.stack([ids[s:s + T + 1] for s in starts]).astype(np.int64)
+    x = np.stack([ids[s : s + T + 1] for s in starts]).astype(np.int64)
     return torch.from_numpy(x[:, :-1]), torch.from_numpy(x[:, 1:])
 
 
 @torch.no_grad()
-def heldout_loss(model: TinyMoE, ids: np.ndarray, T: int, n_windows: int | None = None, batch: int = 16) -> float:
+def heldout_loss(
+    model: TinyMoE, ids: np.ndarray, T: int, n_windows: int | None = None, batch: int = 16
+) -> float:
     """Mean next-token cross-entropy over non-overlapping windows of T+1 tokens at 0, T, 2T, ..."""
     starts = list(range(0, len(ids) - T - 1, T))[:n_windows]
     tot, n = 0.0, 0
     for i in range(0, len(starts), batch):
-        x, y = windows(ids, starts[i:i + batch], T)
+        x, y = windows(ids, starts[i : i + batch], T)
         logits = model(x)
         tot += float(Fn.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
         n += y.numel()
@@ -132,14 +145,22 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         data = build_data(a.vocab, a.allow_other_python)
         torch.save(data, data_path)
-        print(f"data: {len(data['train_ids']):,} training and {len(data['heldout_ids']):,} held-out tokens, "
-              f"vocabulary of {len(data['tokens'])} in {time.monotonic() - t0:.0f} s", flush=True)
+        print(
+            f"data: {len(data['train_ids']):,} training and {len(data['heldout_ids']):,} held-out tokens, "
+            f"vocabulary of {len(data['tokens'])} in {time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
     cfg = TinyConfig(n_vocab=len(data["tokens"]), n_ctx=a.seq)
     model = TinyMoE(cfg, seed=SEED)
     decay = [p for n, p in model.w.items() if not n.endswith("norm/weight")]
     no_decay = [p for n, p in model.w.items() if n.endswith("norm/weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=a.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        foreach=False,
+    )
     step, elapsed, log = 0, 0.0, []
     ckpt = os.path.join(a.out, "ckpt.pt")
     if a.resume and os.path.exists(ckpt):
@@ -171,30 +192,64 @@ def main(argv=None) -> int:
             model.eval()
             rec["heldout_ce"] = heldout_loss(model, held_ids, T, n_windows=32)
             model.train()
-            t_last = time.monotonic()   # evaluation is not training time
+            t_last = time.monotonic()  # evaluation is not training time
         log.append(rec)
-        print(f"step {step:4d}  ce {rec['ce']:.3f}  aux {rec['aux']:.3f}  lr {opt.param_groups[0]['lr']:.2e}  "
-              f"{step * B * T / elapsed:5.0f} tok/s  {elapsed / 60:5.1f} min"
-              + (f"  held-out ce {rec['heldout_ce']:.3f} (ppl {math.exp(rec['heldout_ce']):.2f})"
-                 if "heldout_ce" in rec else ""), flush=True)
+        print(
+            f"step {step:4d}  ce {rec['ce']:.3f}  aux {rec['aux']:.3f}  lr {opt.param_groups[0]['lr']:.2e}  "
+            f"{step * B * T / elapsed:5.0f} tok/s  {elapsed / 60:5.1f} min"
+            + (
+                f"  held-out ce {rec['heldout_ce']:.3f} (ppl {math.exp(rec['heldout_ce']):.2f})"
+                if "heldout_ce" in rec
+                else ""
+            ),
+            flush=True,
+        )
         if step % a.ckpt_every == 0 or step == a.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                        "log": log}, ckpt + ".tmp")
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step,
+                    "elapsed": elapsed,
+                    "log": log,
+                },
+                ckpt + ".tmp",
+            )
             os.replace(ckpt + ".tmp", ckpt)
     final = {
-        "config": cfg.to_dict(), "weights": {k: v.clone() for k, v in model.state_gguf().items()},
-        "tokens": data["tokens"], "types": data["types"], "merges": data["merges"],
-        "record": {"steps": a.steps, "batch": B, "seq": T, "lr": a.lr, "warmup": a.warmup, "aux_coef": a.aux,
-                   "tokens_seen": a.steps * B * T, "train_tokens": len(train_ids),
-                   "heldout_tokens": len(held_ids), "train_seconds": round(elapsed, 1), "threads": THREADS,
-                   "seed": SEED, "torch": torch.__version__, "python": data["python"],
-                   "corpus_sha256": data["corpus_sha256"], "train_files": list(data["train_files"]),
-                   "heldout_files": list(data["heldout_files"]), "machine": platform.processor() or platform.machine(),
-                   "log": log},
+        "config": cfg.to_dict(),
+        "weights": {k: v.clone() for k, v in model.state_gguf().items()},
+        "tokens": data["tokens"],
+        "types": data["types"],
+        "merges": data["merges"],
+        "record": {
+            "steps": a.steps,
+            "batch": B,
+            "seq": T,
+            "lr": a.lr,
+            "warmup": a.warmup,
+            "aux_coef": a.aux,
+            "tokens_seen": a.steps * B * T,
+            "train_tokens": len(train_ids),
+            "heldout_tokens": len(held_ids),
+            "train_seconds": round(elapsed, 1),
+            "threads": THREADS,
+            "seed": SEED,
+            "torch": torch.__version__,
+            "python": data["python"],
+            "corpus_sha256": data["corpus_sha256"],
+            "train_files": list(data["train_files"]),
+            "heldout_files": list(data["heldout_files"]),
+            "machine": platform.processor() or platform.machine(),
+            "log": log,
+        },
     }
     torch.save(final, os.path.join(a.out, "final.pt"))
-    print(f"trained {a.steps} steps ({a.steps * B * T:,} tokens) in {elapsed / 60:.1f} min -> "
-          f"{os.path.join(a.out, 'final.pt')}", flush=True)
+    print(
+        f"trained {a.steps} steps ({a.steps * B * T:,} tokens) in {elapsed / 60:.1f} min -> "
+        f"{os.path.join(a.out, 'final.pt')}",
+        flush=True,
+    )
     return 0
 
 

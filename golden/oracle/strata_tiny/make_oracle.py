@@ -1,11 +1,12 @@
 """The torch oracle for strata-tiny: held-out perplexity and logits of the exported GGUFs, computed by an
 independent implementation of qwen3moe (`tools/tiny_torch.py`) on the files' own dequantised weights.
 
-    python golden/oracle/strata_tiny/make_oracle.py [--ckpt final.pt]   (needs torch, the `train` extra; ~6 min)
+    python golden/oracle/strata_tiny/make_oracle.py [--ckpt final.pt]    (torch, the `train` extra; ~6 min)
 
-Writes `oracle.npz` beside this file; `tests/test_strata_tiny.py` runs the reference engine on the same windows
-and compares. Windows are cut from the held-out text (the files named in the GGUF's strata.train.heldout_files,
-each followed by <|endoftext|>, encoded with the GGUF's tokenizer) — a window of W+1 tokens scores W predictions:
+Writes `oracle.npz` beside this file; `tests/test_strata_tiny.py` runs the reference engine on the same
+windows and compares. Windows are cut from the held-out text (the files named in the GGUF's
+strata.train.heldout_files, each followed by <|endoftext|>, encoded with the GGUF's tokenizer); a window of
+W+1 tokens scores W predictions:
   ci    5 windows of 64+1 tokens, evenly spread       (the test: reference vs torch within 0.5%)
   card  40 windows of 256+1 tokens, evenly spread     (MODEL_CARD's reference figure: tools/routing_stats.py)
   full  every non-overlapping 256+1 window            (MODEL_CARD's torch figure)
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 from strata import models, quants  # noqa: E402
 
 QUANTS = ("Q8_0", "Q4_K")
-SETS = {"ci": (5, 64), "card": (40, 256)}   # name -> (windows, tokens scored per window)
+SETS = {"ci": (5, 64), "card": (40, 256)}  # name -> (windows, tokens scored per window)
 FULL_W = 256
 N_LOGIT_POS = 8
 
@@ -55,7 +56,7 @@ def heldout_ids(m) -> np.ndarray:
 def spread_windows(ids: np.ndarray, n: int, w: int) -> np.ndarray:
     """n windows of w+1 tokens whose starts are evenly spaced over the stream -> [n, w+1]."""
     starts = [round(i * (len(ids) - w - 1) / (n - 1)) for i in range(n)]
-    return np.stack([ids[s:s + w + 1] for s in starts])
+    return np.stack([ids[s : s + w + 1] for s in starts])
 
 
 def weights_of(m) -> dict[str, np.ndarray]:
@@ -77,10 +78,20 @@ def torch_model(m, dtype):
     from tiny_torch import TinyConfig, TinyMoE
 
     c = m.cfg
-    cfg = TinyConfig(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, n_head_kv=c.n_head_kv,
-                     head_dim=c.head_dim, n_expert=c.n_expert, n_expert_used=c.n_expert_used, n_ff_exp=c.n_ff_exp,
-                     n_vocab=c.n_vocab, n_ctx=max(c.n_ctx_train, FULL_W + 1), rope_base=c.rope_base,
-                     rms_eps=c.rms_eps)
+    cfg = TinyConfig(
+        n_layer=c.n_layer,
+        n_embd=c.n_embd,
+        n_head=c.n_head,
+        n_head_kv=c.n_head_kv,
+        head_dim=c.head_dim,
+        n_expert=c.n_expert,
+        n_expert_used=c.n_expert_used,
+        n_ff_exp=c.n_ff_exp,
+        n_vocab=c.n_vocab,
+        n_ctx=max(c.n_ctx_train, FULL_W + 1),
+        rope_base=c.rope_base,
+        rms_eps=c.rms_eps,
+    )
     tm = TinyMoE(cfg).to(dtype)
     tm.load_gguf_state({k: torch.from_numpy(np.array(v)) for k, v in weights_of(m).items()})
     return tm.eval()
@@ -93,9 +104,9 @@ def window_nll(tm, windows: np.ndarray, batch: int = 8) -> tuple[np.ndarray, np.
     nll, logits_all = [], []
     with torch.no_grad():
         for i in range(0, len(windows), batch):
-            x = torch.from_numpy(windows[i:i + batch].astype(np.int64))
-            logits = tm(x[:, :-1]).double()                                          # [b, W, V]
-            lp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None])[..., 0]    # [b, W]
+            x = torch.from_numpy(windows[i : i + batch].astype(np.int64))
+            logits = tm(x[:, :-1]).double()  # [b, W, V]
+            lp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None])[..., 0]  # [b, W]
             nll.append((-lp).sum(-1).numpy())
             logits_all.append(logits[:, :N_LOGIT_POS].numpy())
     return np.concatenate(nll), np.concatenate(logits_all)
@@ -132,27 +143,33 @@ def main(argv=None) -> int:
     with models.load(model_path("Q8_0")) as m:
         ids = heldout_ids(m)
     sets = {name: spread_windows(ids, n, w) for name, (n, w) in SETS.items()}
-    full = np.stack([ids[s:s + FULL_W + 1] for s in range(0, len(ids) - FULL_W - 1, FULL_W)])
+    full = np.stack([ids[s : s + FULL_W + 1] for s in range(0, len(ids) - FULL_W - 1, FULL_W)])
     for name, win in sets.items():
         out[f"{name}_ids"] = win.astype(np.int32)
     print(f"held-out stream: {len(ids):,} tokens; full set {len(full)} windows of {FULL_W}")
     if a.ckpt:
-        print(f"unquantised torch f32 full: {len(full)} windows x {FULL_W} tokens, perplexity "
-              f"{unquantised_full_ppl(a.ckpt, full):.4f}", flush=True)
+        print(
+            f"unquantised torch f32 full: {len(full)} windows x {FULL_W} tokens, perplexity "
+            f"{unquantised_full_ppl(a.ckpt, full):.4f}",
+            flush=True,
+        )
     for q in QUANTS:
         with models.load(model_path(q)) as m:
             for dt, tag in ((torch.float64, "f64"), (torch.float32, "f32")):
                 tm = torch_model(m, dt)
                 for name, win in list(sets.items()) + [("full", full)]:
                     if name == "full" and tag == "f64":
-                        continue   # the card's full figure is float32 torch; f64 adds minutes, not information
+                        continue  # the card's full figure is float32 torch; f64 adds minutes, not information
                     nll, logits = window_nll(tm, win)
                     out[f"{q}_{name}_nll_{tag}"] = nll
                     if name == "ci" and tag == "f64":
                         out[f"{q}_logits"] = logits[:2].astype(np.float32)
                     w = win.shape[1] - 1
-                    print(f"{q} torch {tag} {name:4s}: {len(win)} windows x {w} tokens, "
-                          f"perplexity {ppl(nll, len(win), w):.4f}", flush=True)
+                    print(
+                        f"{q} torch {tag} {name:4s}: {len(win)} windows x {w} tokens, "
+                        f"perplexity {ppl(nll, len(win), w):.4f}",
+                        flush=True,
+                    )
     path = os.path.join(HERE, "oracle.npz")
     np.savez_compressed(path, **out)
     print(f"wrote {path} ({os.path.getsize(path):,} bytes)")
