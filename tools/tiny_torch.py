@@ -138,7 +138,7 @@ class TinyMoE(torch.nn.Module):
         k = rms_norm(k, self.p(p + "attn_k_norm.weight"), c.rms_eps)
         cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
         q, k = rope_neox(q, cos, sin), rope_neox(k, cos, sin)
-        g = c.n_head // c.n_head_kv  # kv head j serves g·j..
+        g = c.n_head // c.n_head_kv  # query head i reads kv head i // g (the reference: np.repeat)
         k = k.repeat_interleave(g, dim=2)  # [B, T, H, hd]
         v = v.repeat_interleave(g, dim=2)
         o = Fn.scaled_dot_product_attention(
