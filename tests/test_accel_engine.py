@@ -72,7 +72,7 @@ def prompts():
 @pytest.mark.parametrize("kind", _devices())
 @pytest.mark.parametrize("name", NAMES)
 def test_parity_with_reference_and_residency(kind, name, prompts):
-    m = models.load(os.path.join(golden.GOLDEN_DIR, f"{name}.gguf"))
+    m = models.load(golden.model_path(name))
     tok = Tokenizer.from_metadata(m.metadata)
     ids = tok.encode(prompts[0])
     with np.load(os.path.join(golden.GOLDEN_DIR, f"{name}.float.npz")) as z:

@@ -36,7 +36,7 @@ def _engine(m, dev, pool, share, cache):
 @pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name", NAMES)
 def test_share_zero_is_the_engine_without_the_feature(kind, name, pool):
-    m = models.load(os.path.join(golden.GOLDEN_DIR, f"{name}.gguf"))
+    m = models.load(golden.model_path(name))
     ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
     cache = m.cfg.n_layer * m.cfg.n_expert // 4
     outs = []
@@ -55,7 +55,7 @@ def test_share_zero_is_the_engine_without_the_feature(kind, name, pool):
 @pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name", NAMES)
 def test_fixed_share_matches_the_reference_placement(kind, name, pool):
-    m = models.load(os.path.join(golden.GOLDEN_DIR, f"{name}.gguf"))
+    m = models.load(golden.model_path(name))
     tok = Tokenizer.from_metadata(m.metadata)
     refs, gots, kls, took = [], [], [], 0
     for text in golden.load_prompts()[0]:

@@ -114,7 +114,7 @@ def test_same_bits_across_runs_and_thread_counts(tmp_path, name):
 def test_chunking_does_not_change_bits(data):
     name = data.draw(st.sampled_from(NAMES))
     path = data.draw(st.sampled_from(list(Path)))
-    m = models.load(os.path.join(GOLDEN, f"{name}.gguf"))
+    m = models.load(golden.model_path(name))
     ids = data.draw(st.lists(st.integers(0, m.cfg.n_vocab - 1), min_size=2, max_size=14))
     whole = RefEngine(m, path, n_ctx=len(ids)).prefill(ids)
     chunk = data.draw(st.integers(1, len(ids)))

@@ -1,7 +1,7 @@
 """Golden files: fixed prompts through the reference on the bundled models, compared to the bit.
 
 Layout (golden/):
-  <model>.gguf                    the models (synthesised tiny ones and the trained strata-tiny)
+  <model>.gguf                    the synthesised tiny models (strata-tiny is the package's strata/data file)
   prompts.json                    {"prompts": [text, ...], "n_greedy": 32}
   <model>.<path>.npz              per prompt i: ids_i [T] int32, logits_i [T, V] float32, greedy_i [32] int32
 One command writes them (`python -m strata.reference golden --write`) and one compares (`--check`).
@@ -25,9 +25,19 @@ GOLDEN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pat
 MODELS = ("tiny-qwen3moe", "tiny-mixtral", "tiny-qwen2moe", "tiny-olmoe")
 
 
+def model_path(name: str, directory: str = GOLDEN_DIR) -> str:
+    """The GGUF of a golden model: the synthesised ones live in golden/, strata-tiny is the package's own."""
+    if name == "strata-tiny":
+        from strata.data import default_model_path
+
+        return default_model_path()
+    return os.path.join(directory, name + ".gguf")
+
+
 def golden_models(directory: str = GOLDEN_DIR) -> list[str]:
-    extra = ["strata-tiny"] if os.path.exists(os.path.join(directory, "strata-tiny.gguf")) else []
-    return [m for m in MODELS + tuple(extra) if os.path.exists(os.path.join(directory, m + ".gguf"))]
+    names = MODELS + ("strata-tiny",)
+    return [m for m in names if os.path.exists(os.path.join(directory, f"{m}.float.npz"))
+            and os.path.exists(model_path(m, directory))]
 
 
 def load_prompts(directory: str = GOLDEN_DIR) -> tuple[list[str], int]:
@@ -111,7 +121,7 @@ def write(directory: str = GOLDEN_DIR, names: list[str] | None = None) -> list[s
     done = []
     for name in names or golden_models(directory):
         for path in Path:
-            res = compute(os.path.join(directory, name + ".gguf"), path, prompts, n)
+            res = compute(model_path(name, directory), path, prompts, n)
             np.savez_compressed(golden_path(name, path, directory), **res)
             done.append(golden_path(name, path, directory))
     return done
@@ -129,7 +139,7 @@ def check(directory: str = GOLDEN_DIR, names: list[str] | None = None, log=print
                 continue
             with np.load(gp) as z:
                 exp = dict(z)
-            diffs = compare(exp, compute(os.path.join(directory, name + ".gguf"), path, prompts, n))
+            diffs = compare(exp, compute(model_path(name, directory), path, prompts, n))
             log(f"golden: {name} {path.value}: " + ("identical" if not diffs else f"{len(diffs)} arrays DIFFER"))
             for d in diffs:
                 log(f"    {d.key}: {d.text}")
