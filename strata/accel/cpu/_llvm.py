@@ -278,6 +278,15 @@ def addr_ptr(typingctx, addr):
     return types.voidptr(types.int64), codegen
 
 
+@intrinsic
+def data_addr(typingctx, arr):
+    """An array's data address, inside Numba code."""
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(context.make_array(sig.args[0])(context, builder, args[0]).data, I64)
+
+    return types.int64(arr), codegen
+
+
 def address(a: np.ndarray) -> int:
     """The data address of an array (the pool passes job buffers to its workers this way)."""
     return a.__array_interface__["data"][0]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from strata.accel.cpu._llvm import addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, cycles, spin_pause
+from strata.accel.cpu._llvm import (addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, cycles,
+                                    data_addr, spin_pause)
 from strata.accel.cpu.act import quantize_rows, swiglu
 from strata.accel.cpu.dense import attention_heads
 from strata.accel.cpu.rows import matmul_rows
@@ -363,3 +364,31 @@ def prepare(plan, owner, threads, base, cap, pipeline):
             gu_rows[j] = max(1, gu_t // plan[j, J_GROW])
     tiles, groups = build_tiles(plan, owner, gu_rows, dn_rows, pipeline)
     return total, tiles, groups
+
+
+@njit(nogil=True, cache=True)
+def launch(ctl, epoch, plan, owner, threads, scratch, pipeline):
+    """prepare() into `scratch`, then publish the batch as `epoch`. Returns (bytes short, tiles, groups, parked
+    workers): bytes short > 0 means scratch is too small and nothing was published."""
+    base = data_addr(scratch)
+    pad = (64 - base % 64) % 64
+    total, tiles, groups = prepare(plan, owner, threads, base + pad, scratch.size - pad, pipeline)
+    if total > scratch.size - pad:
+        return total + 64, tiles, groups, 0
+    parked = publish(ctl, epoch, data_addr(plan), plan.shape[0], data_addr(tiles), tiles.shape[0],
+                     data_addr(groups), groups.size // GF)
+    return 0, tiles, groups, parked
+
+
+@njit(nogil=True, cache=True)
+def host_finish(ctl, epoch, nt, spin_ticks, host, resume):
+    """The calling thread's part of a batch: its tiles (if `host`), then a bounded spin for the rest.
+    Returns (ST_IDLE, -1) when every tile is done, (ST_BLOCKED, i) to yield and resume tile i, or
+    (ST_PARK, -1) when the spin ran out (the caller then sleeps until the last tile's thread wakes it)."""
+    if host:
+        st, e, i = step(ctl, epoch, resume, spin_ticks, False)
+        if st == ST_BLOCKED:
+            return ST_BLOCKED, i
+    if wait_done(ctl, nt, spin_ticks, False):
+        return ST_IDLE, -1
+    return ST_PARK, -1

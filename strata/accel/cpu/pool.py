@@ -246,28 +246,24 @@ class ExpertPool:
         if self._closed:
             raise RuntimeError("the pool is closed")
         with self._run_lock:
+            ctl = self._ctl
             while True:
-                base = address(self._scratch)
-                base += -base % _ALIGN
-                cap = self._scratch.size - _ALIGN
-                total, tiles, groups = S.prepare(plan, owner, self.threads_total, base, cap, self.pipeline)
-                if total <= cap:
+                short, tiles, groups, parked = S.launch(ctl, self._epoch + 1, plan, owner, self.threads_total,
+                                                        self._scratch, self.pipeline)
+                if short == 0:
                     break
-                self._scratch = np.empty(int(total * 1.25) + 2 * _ALIGN, np.uint8)
-            self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
+                self._scratch = np.empty(int(short * 1.25), np.uint8)
             self._epoch += 1
-            ctl, nt = self._ctl, tiles.shape[0]
-            parked = S.publish(ctl, self._epoch, address(plan), plan.shape[0], address(tiles), nt,
-                               address(groups), groups.size // S.GF)
+            self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
             if parked > 0:
                 with self._cv:
                     self._cv.notify_all()
-            if self.host:
-                st, _, i = S.step(ctl, self._epoch, -1, self.spin_ticks, False)
-                while st == S.ST_BLOCKED:
-                    os.sched_yield()
-                    st, _, i = S.step(ctl, self._epoch, i, self.spin_ticks, False)
-            if not S.wait_done(ctl, nt, self.spin_ticks, False):
+            nt = tiles.shape[0]
+            st, i = S.host_finish(ctl, self._epoch, nt, self.spin_ticks, self.host, -1)
+            while st == S.ST_BLOCKED:
+                os.sched_yield()
+                st, i = S.host_finish(ctl, self._epoch, nt, self.spin_ticks, self.host, i)
+            if st == S.ST_PARK:
                 self._done.clear()
                 if not S.wait_done(ctl, nt, 0, True):
                     while S.ctl_load(ctl, S.DONE) < nt:
