@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,11 +128,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
 def model_file(a) -> str:
     if a.model:
         return a.model
-    path = os.path.join(tempfile.gettempdir(), f"strata-bench-{a.preset}-L{a.layers}.gguf")
+    path = os.path.join(tempfile.gettempdir(), f"strata-bench-{a.preset}-L{a.layers or 'all'}.gguf")
     if not os.path.exists(path):
-        print(f"synthesising {a.preset} with {a.layers} layers -> {path}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "strata.synth", "--preset", a.preset, "--layers", str(a.layers),
-                        "--out", path], check=True)
+        print(f"synthesising {a.preset} ({a.layers or 'all'} layers) -> {path}", file=sys.stderr)
+        cmd = [sys.executable, "-m", "strata.synth", "--preset", a.preset, "--out", path + ".part"]
+        subprocess.run(cmd + (["--layers", str(a.layers)] if a.layers else []), check=True)
+        os.replace(path + ".part", path)
     return path
 
 
@@ -149,10 +151,14 @@ def ours(eng, prompt: list[int], n_dec: int) -> dict:
 
 
 def llama(a, path: str, prompt: list[int], threads: int) -> dict | None:
-    if not a.llama_python or not os.path.exists(a.llama_python):
+    exe = a.llama_python
+    if not exe or not (os.path.exists(exe) or shutil.which(exe)):
         return None
-    p = subprocess.run([a.llama_python, "-c", _LLAMA_SCRIPT, path, str(threads), str(len(prompt) + a.decode + 8),
-                        json.dumps(prompt), str(a.decode)], capture_output=True, text=True, timeout=1800)
+    env = dict(os.environ)
+    if a.llama_path:   # llama_cpp (and diskcache) carried as plain folders: put them on the path
+        env["PYTHONPATH"] = a.llama_path + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([exe, "-c", _LLAMA_SCRIPT, path, str(threads), str(len(prompt) + a.decode + 8),
+                        json.dumps(prompt), str(a.decode)], capture_output=True, text=True, timeout=1800, env=env)
     if p.returncode != 0:
         print(f"llama.cpp run failed: {p.stderr.strip()[-500:]}", file=sys.stderr)
         return None
@@ -202,10 +208,12 @@ def main():
     ap.add_argument("--pipeline", action="store_true", help="run the pools with the pipeline on")
     ap.add_argument("--model", help="a GGUF for the CPU-only run (default: synthesise --preset)")
     ap.add_argument("--preset", default="olmoe-1b-7b")
-    ap.add_argument("--layers", type=int, default=4, help="layers of the synthesised model")
+    ap.add_argument("--layers", type=int, default=0, help="layers of the synthesised model (0: the preset's)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python",
+                    help="an interpreter that can import llama_cpp (llama-cpp-python built from source, CPU)")
+    ap.add_argument("--llama-path", help="folder holding llama_cpp/ (and diskcache/) to add to its PYTHONPATH")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: bandwidth,experts,model")
     ap.add_argument("--json")

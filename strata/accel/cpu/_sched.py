@@ -45,6 +45,7 @@ GF = 4
 A_NONE, A_QH = 0, 1
 
 ST_IDLE, ST_BLOCKED, ST_WAKE_HOST, ST_PARK, ST_EXIT = 0, 1, 2, 3, 4
+WS_BYTES = 64 << 10
 _MASK = (1 << 32) - 1
 
 
@@ -73,7 +74,7 @@ def _quantize_h(plan, j, t0, t1):
 
 
 @njit(nogil=True, cache=True)
-def _exec(plan, kind, j, r0, r1, t0, t1):
+def _exec(plan, kind, j, r0, r1, t0, t1, ws):
     n, d, f = plan[j, J_N], plan[j, J_D], plan[j, J_F]
     if kind == T_QX:  # x rows t0..t1 -> the gate's (and, if different, the up's) activation type
         x = _f32(plan[j, J_X], n * plan[j, J_XS])
@@ -88,9 +89,9 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
         g = _f32(plan[j, J_G], n * f)
         u = _f32(plan[j, J_U], n * f)
         matmul_rows(plan[j, J_GT], _u8(plan[j, J_GW], f * plan[j, J_GROW]), plan[j, J_GROW], r0, r1,
-                    _u8(plan[j, J_QXG], n * plan[j, J_QXGROW]), plan[j, J_QXGROW], n, g, f)
+                    _u8(plan[j, J_QXG], n * plan[j, J_QXGROW]), plan[j, J_QXGROW], n, g, f, ws)
         matmul_rows(plan[j, J_UT], _u8(plan[j, J_UW], f * plan[j, J_UROW]), plan[j, J_UROW], r0, r1,
-                    _u8(plan[j, J_QXU], n * plan[j, J_QXUROW]), plan[j, J_QXUROW], n, u, f)
+                    _u8(plan[j, J_QXU], n * plan[j, J_QXUROW]), plan[j, J_QXUROW], n, u, f, ws)
         for t in range(n):
             swiglu(g, t * f + r0, u, t * f + r0, r1 - r0)
     elif kind == T_QH:
@@ -98,7 +99,7 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
     elif kind == T_DOWN:  # down rows r0..r1 -> out[t, r] (unweighted expert output)
         out = _f32(plan[j, J_OUT], n * plan[j, J_OS])
         matmul_rows(plan[j, J_DT], _u8(plan[j, J_DW], d * plan[j, J_DROW]), plan[j, J_DROW], r0, r1,
-                    _u8(plan[j, J_QH], n * plan[j, J_QHROW]), plan[j, J_QHROW], n, out, plan[j, J_OS])
+                    _u8(plan[j, J_QH], n * plan[j, J_QHROW]), plan[j, J_QHROW], n, out, plan[j, J_OS], ws)
     elif kind == T_ATT:  # attention heads r0..r1 (J_F heads, J_GT kv heads, J_GROW head size, J_UT cache slots)
         hh, hkv, hd, cap = f, plan[j, J_GT], plan[j, J_GROW], plan[j, J_UT]
         q = _f32(plan[j, J_X], n * hh * hd).reshape((n, hh, hd))
@@ -112,7 +113,7 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
         qx = _u8(plan[j, J_QXG], n * qrow)
         out = _f32(plan[j, J_OUT], n * os)
         matmul_rows(plan[j, J_GT], _u8(plan[j, J_GW], f * plan[j, J_GROW]), plan[j, J_GROW], r0, r1,
-                    qx[t0 * qrow:], qrow, t1 - t0, out[t0 * os:], os)
+                    qx[t0 * qrow:], qrow, t1 - t0, out[t0 * os:], os, ws)
 
 
 @njit(inline="always")
@@ -125,6 +126,7 @@ def _work(ctl, epoch, resume, spin_ticks):
     plan = _i64(ctl[PLAN], nj * JF).reshape((nj, JF))
     tiles = _i64(ctl[TILES], nt * TF).reshape((nt, TF))
     groups = _i64(ctl[GROUPS], max(ng, 1) * GF)
+    ws = np.empty(WS_BYTES, np.uint8)   # this thread's kernel workspace for the whole batch
     status = ST_IDLE
     while True:
         if resume >= 0:
@@ -145,7 +147,7 @@ def _work(ctl, epoch, resume, spin_ticks):
                 if cycles() - c0 > spin_ticks:
                     return ST_BLOCKED, i
         j = tiles[i, K_JOB]
-        _exec(plan, tiles[i, K_KIND], j, tiles[i, K_R0], tiles[i, K_R1], tiles[i, K_T0], tiles[i, K_T1])
+        _exec(plan, tiles[i, K_KIND], j, tiles[i, K_R0], tiles[i, K_R1], tiles[i, K_T0], tiles[i, K_T1], ws)
         s = tiles[i, K_SIGNAL]
         if s >= 0 and atomic_add(groups, s * GF + G_PENDING, -1) == 1:
             if groups[s * GF + G_ACTION] == A_QH:  # pipeline: this expert's gate/up is complete
