@@ -293,7 +293,18 @@ def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     es = 4 if qt == F32_T else 2
     k = wrow // es
     acc = ws[0:8 * MAXT].view(np.float64)
-    for r in range(r0, r1):
+    r = r0
+    while T == 1 and r + 4 <= r1:   # one token: four rows' sums side by side (four dependency chains, same order)
+        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
+        for i in range(k):
+            av = _fval(qt, a, es * i)
+            s0 += np.float64(_fval(qt, w, r * wrow + es * i) * av)
+            s1 += np.float64(_fval(qt, w, (r + 1) * wrow + es * i) * av)
+            s2 += np.float64(_fval(qt, w, (r + 2) * wrow + es * i) * av)
+            s3 += np.float64(_fval(qt, w, (r + 3) * wrow + es * i) * av)
+        out[r], out[r + 1], out[r + 2], out[r + 3] = np.float32(s0), np.float32(s1), np.float32(s2), np.float32(s3)
+        r += 4
+    for r in range(r, r1):
         for t in range(T):
             acc[t] = 0.0
         for i in range(k):
