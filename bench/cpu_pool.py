@@ -91,10 +91,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     d, f = a.shape
     rng = np.random.default_rng(0)
     pools = {}
+    modes = (False, True) if a.pipeline == "both" else (a.pipeline == "on",)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for w in a.workers:
-            pools[w] = ExpertPool(w, pipeline=a.pipeline)
+            for pipe in modes:
+                pools[w, pipe] = ExpertPool(w, pipeline=pipe)
     data = {}
     for name in a.types:
         qt = next(c.qtype for c in quants.registered() if c.name == name)
@@ -105,7 +107,7 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     res: dict[tuple, list[float]] = {}
     for r in range(a.rounds + 1):   # round 0 warms up (compiles, pages in)
         for name, (qt, blobs, size, xs, outs) in data.items():
-            for w, pool in pools.items():
+            for (w, pipe), pool in pools.items():
                 for n in a.tokens:
                     jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(blobs)]
                     time.sleep(0.005)   # every pool past its spin window: parked, not competing
@@ -113,12 +115,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
                     pool.run(jobs)
                     dt = time.perf_counter() - t0
                     if r:
-                        res.setdefault((name, w, n), []).append(dt)
+                        res.setdefault((name, w, pipe, n), []).append(dt)
     rows = []
-    for (name, w, n), dts in res.items():
+    for (name, w, pipe, n), dts in res.items():
         dt = statistics.median(dts)
         size = data[name][2]
-        rows.append({"type": name, "threads": w + 1, "tokens": n, "ms": dt * 1e3,
+        rows.append({"type": name, "threads": w + 1, "pipeline": pipe, "tokens": n, "ms": dt * 1e3,
                      "gbps": a.experts * size / dt / 1e9, "experts_per_s": a.experts / dt})
     for pool in pools.values():
         pool.close()
@@ -172,7 +174,7 @@ def model_speed(a, threads_all: int) -> dict:
     path = model_file(a)
     m = models.load(path)
     prompt = np.random.default_rng(1).integers(0, m.cfg.n_vocab, a.prompt_tokens).tolist()
-    pool = ExpertPool(threads_all - 1, pipeline=a.pipeline)
+    pool = ExpertPool(threads_all - 1, pipeline=a.pipeline == "on")
     eng = CpuEngine(m, pool=pool, n_ctx=a.prompt_tokens + a.decode + 8)
     ours(eng, prompt[:8], 2)   # warm-up: loads the kernels, pages the file in
     runs: dict[str, list[dict]] = {"strata": [], "llama.cpp": []}
@@ -205,7 +207,8 @@ def main():
     ap.add_argument("--workers", default=",".join(str(w) for w in sorted({0, 1, 3, 7, cores - 1}) if w < cores))
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--shape", default="2048,768", help="D,F of the experts (default Qwen3-30B-A3B's)")
-    ap.add_argument("--pipeline", action="store_true", help="run the pools with the pipeline on")
+    ap.add_argument("--pipeline", choices=("off", "on", "both"), default="both",
+                    help="pool mode for the expert runs; both = phased and pipelined pools interleaved")
     ap.add_argument("--model", help="a GGUF for the CPU-only run (default: synthesise --preset)")
     ap.add_argument("--preset", default="olmoe-1b-7b")
     ap.add_argument("--layers", type=int, default=0, help="layers of the synthesised model (0: the preset's)")
@@ -231,14 +234,15 @@ def main():
     if "experts" not in skip:
         rows = expert_throughput(a, cores)
         result["experts"] = rows
-        print(f"\nexpert throughput, D,F = {a.shape}, {a.experts} experts per batch, pipeline "
-              f"{'on' if a.pipeline else 'off'} (GB/s of weights | experts/s)")
+        print(f"\nexpert throughput, D,F = {a.shape}, {a.experts} experts per batch "
+              f"(GB/s of weights | experts/s; P = pipeline on)")
         for name in a.types:
             print(f"  {name}")
             for n in a.tokens:
                 cells = [r for r in rows if r["type"] == name and r["tokens"] == n]
-                print(f"    {n} tok/expert: " + "  ".join(f"{r['threads']:2d} thr {r['gbps']:6.1f} GB/s "
-                                                       f"{r['experts_per_s']:7.0f}/s" for r in cells))
+                print(f"    {n} tok/expert: " + "  ".join(
+                    f"{r['threads']:2d}{'P' if r['pipeline'] else ' '} {r['gbps']:6.1f} GB/s {r['experts_per_s']:6.0f}/s"
+                    for r in cells))
     if "model" not in skip:
         ms = model_speed(a, cores)
         result["model"] = ms
