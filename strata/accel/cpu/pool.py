@@ -29,7 +29,7 @@ from strata import quants
 from strata.accel.cpu import _sched as S
 from strata.accel.cpu._llvm import address
 from strata.accel.cpu.act import act_row_bytes
-from strata.accel.cpu.rows import MAXT
+from strata.accel.cpu.rows import MAXT, kernel_table
 
 _ALIGN = 64
 
@@ -202,6 +202,7 @@ class ExpertPool:
         raw = np.zeros(S.CTL_WORDS + 8, np.int64)
         off = (-address(raw) % _ALIGN) // 8
         self._ctl = raw[off:off + S.CTL_WORDS]   # 64-byte aligned control words
+        self._ctl[S.KFN:S.KFN + 3] = kernel_table()
         self._epoch = 0
         self._scratch = np.empty(0, np.uint8)
         self._keep: tuple = ()
@@ -259,10 +260,11 @@ class ExpertPool:
                 with self._cv:
                     self._cv.notify_all()
             nt = tiles.shape[0]
-            st, i = S.host_finish(ctl, self._epoch, nt, self.spin_ticks, self.host, -1)
+            epoch = self._epoch if self.host else -1
+            st, _, i = S.step(ctl, epoch, -1, self.spin_ticks, False)
             while st == S.ST_BLOCKED:
                 os.sched_yield()
-                st, i = S.host_finish(ctl, self._epoch, nt, self.spin_ticks, self.host, i)
+                st, _, i = S.step(ctl, epoch, i, self.spin_ticks, False)
             if st == S.ST_PARK:
                 self._done.clear()
                 if not S.wait_done(ctl, nt, 0, True):

@@ -16,7 +16,7 @@ Legend: T tokens, N rows, B blocks per row.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
 
 from strata.accel.cpu import decode as D
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
@@ -40,7 +40,7 @@ def workspace(nbytes: int = 64 << 10) -> np.ndarray:
     return np.empty(nbytes, np.uint8)
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _carve(ws, T, nba):
     """Views of a workspace: codes int16[512], aux int32[16], acc f32[MAXT], dy/sy f32[T·Ba]."""
     need = WS_FIXED + 8 * T * nba
@@ -54,7 +54,7 @@ def _carve(ws, T, nba):
     return codes, aux, acc, dy, sy
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def act_scales(a, arow, T, nba, ab, dy, sy):
     """Each activation block's scale (and Q8_1's s) as float32 into dy/sy [T, Ba]: ab is the activation block
     size, 34 (Q8_0, fp16 d), 36 (Q8_1, fp16 d and s) or 292 (Q8_K, f32 d)."""
@@ -315,16 +315,44 @@ def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
             out[t * ostride + r] = np.float32(acc[t])
 
 
-@njit(nogil=True, cache=True)
-def matmul_rows(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
-    """Dispatch on the ggml type id (callers checked it is supported): the pool's entry to the kernels."""
+def _c_q8_0(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_q8_0(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+def _c_q8_k(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_q8_k(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+def _c_float(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_float(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+               carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+_CSIG = types.void(types.int64, types.voidptr, *[types.int64] * 4, types.voidptr, *[types.int64] * 3, types.voidptr,
+                   types.int64, types.int64, types.voidptr, types.int64)   # see _llvm.call_rows
+_TABLE: tuple | None = None
+
+
+def kernel_table() -> np.ndarray:
+    """C entry points of the families [Q8_0/Q8_1, Q8_K, float] as addresses, compiled (or loaded) once."""
+    global _TABLE
+    if _TABLE is None:
+        fns = [cfunc(_CSIG, cache=True)(f) for f in (_c_q8_0, _c_q8_k, _c_float)]
+        _TABLE = (np.array([f.address for f in fns], np.int64), fns)   # the cfunc objects keep the code alive
+    return _TABLE[0]
+
+
+@njit(inline="always")
+def family_index(qt):
+    """0: Q8_0/Q8_1 activations, 1: Q8_K, 2: float (the order of kernel_table)."""
     if qt == Q4_0 or qt == Q4_1 or qt == Q5_0 or qt == Q5_1 or qt == Q8_0 or qt == IQ4_NL or qt == MXFP4 \
             or qt == Q2_0:
-        rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    elif qt == F32_T or qt == F16_T or qt == BF16_T:
-        rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    else:
-        rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+        return 0
+    if qt == F32_T or qt == F16_T or qt == BF16_T:
+        return 2
+    return 1
 
 
 def family(qtype: int):
