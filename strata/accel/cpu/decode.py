@@ -245,36 +245,55 @@ def _odd(v: VB, ls):
     return v.add(v.shl(ls16, 1), 1)
 
 
-def _nibble_mults(v: VB, byte):
-    """A scales byte -> <32 x i16>: 2·lo + 1 on lanes 0..15, 2·hi + 1 on 16..31 (16-weight sub-blocks)."""
-    return v.cat(v.bcast(_odd(v, v.and_(byte, 15)), 16), v.bcast(_odd(v, v.shr(byte, 4)), 16))
-
-
 def _ksigns(v: VB, ks, word, shifts):
     return v.pack([v.tload(ks, v.and_(v.shr(word, s), 127)) for s in shifts])
 
 
-@decoder
-def dec_iq2_xxs(v):  # d | 8 × (u32 a0 = 4 grid bytes, u32 a1 = 4 × 7-bit ksigns | ls << 28)
+# Each grid type is written once as 32-weight chunks (chunk index, grid rows, 4 sign bytes, the odd multipliers of
+# its two 16-weight halves); `_decoded` stores scale·(±grid) as int16 for dots against many tokens, `_fused` moves
+# the signs onto the activations and multiplies in registers (pmaddubsw, then pmaddwd by the multipliers), for
+# one token. Grid values <= 62 and |a| <= 127 (our quantisers never emit −128) keep every i16 pair sum exact.
+def _decoded(chunks):
+    def build(v):
+        for ib, rows, signs, (m0, m1) in chunks(v):
+            _signed_rows(v, rows, signs, v.cat(v.bcast(m0, 16), v.bcast(m1, 16)), 64 * ib)
+
+    build.__name__ = "dec_" + chunks.__name__.strip("_")
+    return build
+
+
+def _fused(chunks):
+    def build(v):
+        acc = None
+        for ib, rows, signs, (m0, m1) in chunks(v):
+            sa = v.signed(v.lda(4 + 32 * ib, 32), signs)
+            t = v.maddwd(v.maddubs(v.bytes_of(v.pack(rows), 32), sa), v.cat(v.bcast(m0, 8), v.bcast(m1, 8)))
+            acc = t if acc is None else v.b.add(acc, t)
+        return reduce_add(v.b, acc)
+
+    build.__name__ = "dot_" + chunks.__name__.strip("_")
+    return build
+
+
+def _iq2_xxs(v):  # d | 8 × (u32 a0 = 4 grid bytes, u32 a1 = 4 × 7-bit ksigns | ls << 28)
     grid, ks = v.table("iq2xxs", _GRIDS["iq2xxs"]), v.table("ksigns", _GRIDS["ksigns"])
     for ib in range(8):
         a0, a1 = v.ld(2 + 8 * ib, 1, 32), v.ld(6 + 8 * ib, 1, 32)
-        rows = [v.tload(grid, v.and_(v.shr(a0, 8 * l), 255)) for l in range(4)]
-        _signed_rows(v, rows, _ksigns(v, ks, a1, (0, 7, 14, 21)), v.bcast(_odd(v, v.shr(a1, 28)), 32), 64 * ib)
+        m = _odd(v, v.shr(a1, 28))
+        yield ib, [v.tload(grid, v.and_(v.shr(a0, 8 * l), 255)) for l in range(4)], \
+            _ksigns(v, ks, a1, (0, 7, 14, 21)), (m, m)
 
 
-@decoder
-def dec_iq2_xs(v):  # d | u16 qs[32] (9-bit index | ksigns << 9) | scales[8]
+def _iq2_xs(v):  # d | u16 qs[32] (9-bit index | ksigns << 9) | scales[8] (a nibble per 16 weights)
     grid, ks = v.table("iq2xs", _GRIDS["iq2xs"]), v.table("ksigns", _GRIDS["ksigns"])
     for i in range(8):
         qk = [v.ld(2 + 2 * (4 * i + l), 1, 16) for l in range(4)]
-        rows = [v.tload(grid, v.and_(q, 511)) for q in qk]
-        signs = v.pack([v.tload(ks, v.shr(q, 9)) for q in qk])
-        _signed_rows(v, rows, signs, _nibble_mults(v, v.ld(66 + i, 1, 8)), 64 * i)
+        sc = v.ld(66 + i, 1, 8)
+        yield i, [v.tload(grid, v.and_(q, 511)) for q in qk], v.pack([v.tload(ks, v.shr(q, 9)) for q in qk]), \
+            (_odd(v, v.and_(sc, 15)), _odd(v, v.shr(sc, 4)))
 
 
-@decoder
-def dec_iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
+def _iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
     grid = v.table("iq2s", _GRIDS["iq2s"])
     for i in range(8):
         rows = []
@@ -282,28 +301,35 @@ def dec_iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
             k = 4 * i + l
             hi = v.zx(v.and_(v.shr(v.ld(66 + k // 4, 1, 8), 2 * (k % 4)), 3), 16)
             rows.append(v.tload(grid, v.or_(v.zx(v.ld(2 + k, 1, 8), 16), v.shl(hi, 8))))
-        _signed_rows(v, rows, v.ld(34 + 4 * i, 4), _nibble_mults(v, v.ld(74 + i, 1, 8)), 64 * i)
+        sc = v.ld(74 + i, 1, 8)
+        yield i, rows, v.ld(34 + 4 * i, 4), (_odd(v, v.and_(sc, 15)), _odd(v, v.shr(sc, 4)))
 
 
-@decoder
-def dec_iq3_xxs(v):  # d | qs[64] (iq3xxs_grid indices, 4 weights each) | u32 aux[8]
+def _iq3_xxs(v):  # d | qs[64] (iq3xxs_grid indices, 4 weights each) | u32 aux[8]
     grid, ks = v.table("iq3xxs", _GRIDS["iq3xxs"]), v.table("ksigns", _GRIDS["ksigns"])
     for ib in range(8):
         a = v.ld(66 + 4 * ib, 1, 32)
-        rows = [v.tload(grid, v.ld(2 + 8 * ib + l, 1, 8)) for l in range(8)]
-        _signed_rows(v, rows, _ksigns(v, ks, a, (0, 7, 14, 21)), v.bcast(_odd(v, v.shr(a, 28)), 32), 64 * ib)
+        m = _odd(v, v.shr(a, 28))
+        yield ib, [v.tload(grid, v.ld(2 + 8 * ib + l, 1, 8)) for l in range(8)], \
+            _ksigns(v, ks, a, (0, 7, 14, 21)), (m, m)
 
 
-@decoder
-def dec_iq3_s(v):  # d | qs[64] | qh[8] | signs[32] | scales[4]
+def _iq3_s(v):  # d | qs[64] | qh[8] | signs[32] | scales[4]
     grid = v.table("iq3s", _GRIDS["iq3s"])
     for ib in range(8):
         qh = v.ld(66 + ib, 1, 8)
         rows = [v.tload(grid, v.or_(v.zx(v.ld(2 + 8 * ib + l, 1, 8), 16),
                                     v.shl(v.zx(v.and_(v.shr(qh, l), 1), 16), 8))) for l in range(8)]
         sb = v.ld(106 + ib // 2, 1, 8)
-        ls = v.and_(sb, 15) if ib % 2 == 0 else v.shr(sb, 4)
-        _signed_rows(v, rows, v.ld(74 + 4 * ib, 4), v.bcast(_odd(v, ls), 32), 64 * ib)
+        m = _odd(v, v.and_(sb, 15) if ib % 2 == 0 else v.shr(sb, 4))
+        yield ib, rows, v.ld(74 + 4 * ib, 4), (m, m)
+
+
+dec_iq2_xxs, dot_iq2_xxs = decoder(_decoded(_iq2_xxs)), fused(_fused(_iq2_xxs))
+dec_iq2_xs, dot_iq2_xs = decoder(_decoded(_iq2_xs)), fused(_fused(_iq2_xs))
+dec_iq2_s, dot_iq2_s = decoder(_decoded(_iq2_s)), fused(_fused(_iq2_s))
+dec_iq3_xxs, dot_iq3_xxs = decoder(_decoded(_iq3_xxs)), fused(_fused(_iq3_xxs))
+dec_iq3_s, dot_iq3_s = decoder(_decoded(_iq3_s)), fused(_fused(_iq3_s))
 
 
 @decoder

@@ -216,6 +216,21 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
 
 
 @njit(inline="always")
+def blk_grid1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # one token: fused grid dots, same formula
+    if qt == IQ2_XXS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xxs(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ2_XS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xs(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ2_S:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_s(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ3_XXS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_xxs(w, o, a, 292 * b, codes)) * _F025
+    else:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_s(w, o, a, 292 * b, codes))
+    acc[0] += bv
+
+
+@njit(inline="always")
 def blk_iq1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·(f(s1) + 0.125·f(s2))
     if qt == IQ1_S:
         D.dec_iq1_s(w, o, codes, aux)
@@ -260,15 +275,30 @@ def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     elif qt == Q3_K:
         _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
     elif qt == IQ3_S:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
+        if T == 1:
+            _loop(blk_grid1, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
+        else:
+            _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
     elif qt == IQ2_XXS:
-        _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
+        if T == 1:
+            _loop(blk_grid1, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
+        else:
+            _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
     elif qt == IQ2_XS:
-        _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
+        if T == 1:
+            _loop(blk_grid1, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
+        else:
+            _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
     elif qt == IQ2_S:
-        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
+        if T == 1:
+            _loop(blk_grid1, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
+        else:
+            _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
     elif qt == IQ3_XXS:
-        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+        if T == 1:
+            _loop(blk_grid1, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+        else:
+            _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
     elif qt == IQ4_XS:
         _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS, ws)
     elif qt == IQ1_S:
