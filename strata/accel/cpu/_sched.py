@@ -222,18 +222,11 @@ def publish(ctl, epoch, plan_addr, njobs, tiles_addr, ntiles, groups_addr, ngrou
 
 
 @njit(nogil=True, cache=True)
-def wait_done(ctl, ntiles, spin_ticks, park):
-    """Spin until the batch's tiles are all done (True), or give up after spin_ticks (False); with park, first
-    register the host as sleeping (HOST_PARKED) and re-check, so the last tile's thread knows to wake it."""
-    if park:
-        atomic_store(ctl, HOST_PARKED, 1)
-        return atomic_load(ctl, DONE) >= ntiles
-    c0 = cycles()
-    while atomic_load(ctl, DONE) < ntiles:
-        if cycles() - c0 > spin_ticks:
-            return False
-        spin_pause()
-    return True
+def park_host(ctl, ntiles):
+    """Register the host as sleeping (HOST_PARKED), then re-check: True if the batch finished meanwhile. The
+    thread that finishes the last tile reads the flag after counting it, so one of the two always sees the other."""
+    atomic_store(ctl, HOST_PARKED, 1)
+    return atomic_load(ctl, DONE) >= ntiles
 
 
 @njit(nogil=True, cache=True)

@@ -3,7 +3,9 @@
 Each decoder mirrors the unpacking of its class in strata/quants (the numpy reference, whose docstrings give the
 bit layouts) and writes:
   32-weight types (Q8_0 activations / Q8_1)  dst int8[32] codes (Q2_0: int8[64])
-  K-quants and grid i-quants                 dst int16[256] = sub-block scale · code (exact, |.| <= 4096)
+  Q2_K, Q3_K and grid i-quants               dst int16[256] = sub-block scale · code (exact, |.| <= 4096)
+  Q4_K, Q5_K, Q6_K (and the grids, for one token) take fused dots instead: the decoder leaves only the scales
+                                             in dst, and `dot_*` multiplies codes held in registers
                                              (IQ1_M: a second int16[256] of scale · delta sign at byte 512)
   IQ4_XS                                     dst int8[256] codes, aux int32[8] = ls − 32 per 32-weight unit
   aux int32[16]                              the integers that meet the Q8_K bsums (mins, signed IQ1_S scales)
@@ -127,28 +129,6 @@ def _scales_k4(v: VB):
     return v.zx(sc, 16), m
 
 
-def _q45k(v: VB, qs_off: int, qh_off: int | None):
-    sc, m = _scales_k4(v)
-    v.put("aux", 0, v.zx(v.shuf(m, [j // 2 for j in range(16)]), 32))  # m[j // 2] meets bsums[j]
-    qh = v.ld(qh_off, 32) if qh_off is not None else None
-    for g in range(4):
-        q = v.ld(qs_off + 32 * g, 32)
-        for h, c in enumerate((v.and_(q, 15), v.shr(q, 4))):
-            if qh is not None:
-                c = v.or_(c, v.shl(v.and_(v.shr(qh, 2 * g + h), 1), 4))
-            v.put("dst", 2 * (64 * g + 32 * h), v.mul(v.zx(c, 16), v.shuf(sc, [2 * g + h] * 32)))
-
-
-@decoder
-def dec_q4_k(v):  # d | dmin | scales[12] | qs[128]
-    _q45k(v, 16, None)
-
-
-@decoder
-def dec_q5_k(v):  # d | dmin | scales[12] | qh[32] | qs[128]
-    _q45k(v, 48, 16)
-
-
 # --- fused block · activation dots: codes stay in registers (u8 × s8 pairs, then × the sub-block scale) ------------
 @decoder
 def dec_q4_k_sc(v):  # d | dmin | scales[12] | ...: dst int16[8] scales, aux int32[16] mins against bsums
@@ -204,18 +184,6 @@ def dot_q6_k(v):
             t = v.maddwd(v.maddubs(q, v.lda(4 + 128 * n + 32 * k, 32)), s)
             acc = t if acc is None else v.b.add(acc, t)
     return reduce_add(v.b, acc)
-
-
-@decoder
-def dec_q6_k(v):  # ql[128] | qh[64] | int8 scales[16] | d
-    sc = v.sx(v.ld(192, 16), 16)
-    for n in range(2):
-        ql = (v.ld(64 * n, 32), v.ld(64 * n + 32, 32))
-        qh = v.ld(128 + 32 * n, 32)
-        for k in range(4):
-            low4 = v.and_(ql[k % 2], 15) if k < 2 else v.shr(ql[k % 2], 4)
-            q = v.sub(v.or_(low4, v.shl(v.and_(v.shr(qh, 2 * k), 3), 4)), 32)
-            v.put("dst", 2 * (128 * n + 32 * k), v.mul(v.sx(q, 16), _half_pairs(v, sc, 8 * n + 2 * k)))
 
 
 @decoder

@@ -267,7 +267,7 @@ class ExpertPool:
                 st, _, i = S.step(ctl, epoch, i, self.spin_ticks, False)
             if st == S.ST_PARK:
                 self._done.clear()
-                if not S.wait_done(ctl, nt, 0, True):
+                if not S.park_host(ctl, nt):
                     while S.ctl_load(ctl, S.DONE) < nt:
                         self._done.wait(0.01)
                         self._done.clear()
