@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,10 +91,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     d, f = a.shape
     rng = np.random.default_rng(0)
     pools = {}
+    modes = (False, True) if a.pipeline == "both" else (a.pipeline == "on",)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for w in a.workers:
-            pools[w] = ExpertPool(w, pipeline=a.pipeline)
+            for pipe in modes:
+                pools[w, pipe] = ExpertPool(w, pipeline=pipe)
     data = {}
     for name in a.types:
         qt = next(c.qtype for c in quants.registered() if c.name == name)
@@ -104,7 +107,7 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     res: dict[tuple, list[float]] = {}
     for r in range(a.rounds + 1):   # round 0 warms up (compiles, pages in)
         for name, (qt, blobs, size, xs, outs) in data.items():
-            for w, pool in pools.items():
+            for (w, pipe), pool in pools.items():
                 for n in a.tokens:
                     jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(blobs)]
                     time.sleep(0.005)   # every pool past its spin window: parked, not competing
@@ -112,12 +115,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
                     pool.run(jobs)
                     dt = time.perf_counter() - t0
                     if r:
-                        res.setdefault((name, w, n), []).append(dt)
+                        res.setdefault((name, w, pipe, n), []).append(dt)
     rows = []
-    for (name, w, n), dts in res.items():
+    for (name, w, pipe, n), dts in res.items():
         dt = statistics.median(dts)
         size = data[name][2]
-        rows.append({"type": name, "threads": w + 1, "tokens": n, "ms": dt * 1e3,
+        rows.append({"type": name, "threads": w + 1, "pipeline": pipe, "tokens": n, "ms": dt * 1e3,
                      "gbps": a.experts * size / dt / 1e9, "experts_per_s": a.experts / dt})
     for pool in pools.values():
         pool.close()
@@ -127,11 +130,12 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
 def model_file(a) -> str:
     if a.model:
         return a.model
-    path = os.path.join(tempfile.gettempdir(), f"strata-bench-{a.preset}-L{a.layers}.gguf")
+    path = os.path.join(tempfile.gettempdir(), f"strata-bench-{a.preset}-L{a.layers or 'all'}.gguf")
     if not os.path.exists(path):
-        print(f"synthesising {a.preset} with {a.layers} layers -> {path}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "strata.synth", "--preset", a.preset, "--layers", str(a.layers),
-                        "--out", path], check=True)
+        print(f"synthesising {a.preset} ({a.layers or 'all'} layers) -> {path}", file=sys.stderr)
+        cmd = [sys.executable, "-m", "strata.synth", "--preset", a.preset, "--out", path + ".part"]
+        subprocess.run(cmd + (["--layers", str(a.layers)] if a.layers else []), check=True)
+        os.replace(path + ".part", path)
     return path
 
 
@@ -149,10 +153,14 @@ def ours(eng, prompt: list[int], n_dec: int) -> dict:
 
 
 def llama(a, path: str, prompt: list[int], threads: int) -> dict | None:
-    if not a.llama_python or not os.path.exists(a.llama_python):
+    exe = a.llama_python
+    if not exe or not (os.path.exists(exe) or shutil.which(exe)):
         return None
-    p = subprocess.run([a.llama_python, "-c", _LLAMA_SCRIPT, path, str(threads), str(len(prompt) + a.decode + 8),
-                        json.dumps(prompt), str(a.decode)], capture_output=True, text=True, timeout=1800)
+    env = dict(os.environ)
+    if a.llama_path:   # llama_cpp (and diskcache) carried as plain folders: put them on the path
+        env["PYTHONPATH"] = a.llama_path + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([exe, "-c", _LLAMA_SCRIPT, path, str(threads), str(len(prompt) + a.decode + 8),
+                        json.dumps(prompt), str(a.decode)], capture_output=True, text=True, timeout=1800, env=env)
     if p.returncode != 0:
         print(f"llama.cpp run failed: {p.stderr.strip()[-500:]}", file=sys.stderr)
         return None
@@ -166,7 +174,7 @@ def model_speed(a, threads_all: int) -> dict:
     path = model_file(a)
     m = models.load(path)
     prompt = np.random.default_rng(1).integers(0, m.cfg.n_vocab, a.prompt_tokens).tolist()
-    pool = ExpertPool(threads_all - 1, pipeline=a.pipeline)
+    pool = ExpertPool(threads_all - 1, pipeline=a.pipeline == "on")
     eng = CpuEngine(m, pool=pool, n_ctx=a.prompt_tokens + a.decode + 8)
     ours(eng, prompt[:8], 2)   # warm-up: loads the kernels, pages the file in
     runs: dict[str, list[dict]] = {"strata": [], "llama.cpp": []}
@@ -199,13 +207,16 @@ def main():
     ap.add_argument("--workers", default=",".join(str(w) for w in sorted({0, 1, 3, 7, cores - 1}) if w < cores))
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--shape", default="2048,768", help="D,F of the experts (default Qwen3-30B-A3B's)")
-    ap.add_argument("--pipeline", action="store_true", help="run the pools with the pipeline on")
+    ap.add_argument("--pipeline", choices=("off", "on", "both"), default="both",
+                    help="pool mode for the expert runs; both = phased and pipelined pools interleaved")
     ap.add_argument("--model", help="a GGUF for the CPU-only run (default: synthesise --preset)")
     ap.add_argument("--preset", default="olmoe-1b-7b")
-    ap.add_argument("--layers", type=int, default=4, help="layers of the synthesised model")
+    ap.add_argument("--layers", type=int, default=0, help="layers of the synthesised model (0: the preset's)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python",
+                    help="an interpreter that can import llama_cpp (llama-cpp-python built from source, CPU)")
+    ap.add_argument("--llama-path", help="folder holding llama_cpp/ (and diskcache/) to add to its PYTHONPATH")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: bandwidth,experts,model")
     ap.add_argument("--json")
@@ -223,14 +234,15 @@ def main():
     if "experts" not in skip:
         rows = expert_throughput(a, cores)
         result["experts"] = rows
-        print(f"\nexpert throughput, D,F = {a.shape}, {a.experts} experts per batch, pipeline "
-              f"{'on' if a.pipeline else 'off'} (GB/s of weights | experts/s)")
+        print(f"\nexpert throughput, D,F = {a.shape}, {a.experts} experts per batch "
+              f"(GB/s of weights | experts/s; P = pipeline on)")
         for name in a.types:
             print(f"  {name}")
             for n in a.tokens:
                 cells = [r for r in rows if r["type"] == name and r["tokens"] == n]
-                print(f"    {n} tok/expert: " + "  ".join(f"{r['threads']:2d} thr {r['gbps']:6.1f} GB/s "
-                                                       f"{r['experts_per_s']:7.0f}/s" for r in cells))
+                print(f"    {n} tok/expert: " + "  ".join(
+                    f"{r['threads']:2d}{'P' if r['pipeline'] else ' '} {r['gbps']:6.1f} GB/s {r['experts_per_s']:6.0f}/s"
+                    for r in cells))
     if "model" not in skip:
         ms = model_speed(a, cores)
         result["model"] = ms

@@ -91,3 +91,38 @@ def test_last_logits_only(model_paths, pool):
             _same(eng.decode(5), RefEngine(m, path="q8", n_ctx=N_CTX).prefill(prompt + [5])[-1], "decode after")
     finally:
         m.close()
+
+
+def test_glue_equals_reference_ops():
+    """Top-k with ties (the lower id first), renormalisation, RoPE (NeoX and pairs), combine in k order."""
+    from strata.accel.cpu import glue
+    from strata.mathfn import rope_table
+    from strata.reference import linalg
+
+    rng = np.random.default_rng(8)
+    probs = rng.random((5, 16)).astype(np.float32)
+    probs[0, [3, 7, 11]] = 0.99   # a three-way tie at the top
+    probs[1, :] = 0.5             # all equal
+    ids, w = glue.topk_rows(probs, 4)
+    ref_ids = np.argsort(-probs, axis=1, kind="stable")[:, :4].astype(np.int32)
+    assert np.array_equal(ids, ref_ids) and np.array_equal(w, np.take_along_axis(probs, ref_ids, axis=1))
+    s = np.zeros(5, np.float32)
+    for k in range(4):
+        s += w[:, k]
+    _same(glue.renorm_rows(w), w / s[:, None], "renorm")
+    cos, sin = rope_table(64, 48, 1e4)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    pos = np.array([0, 17, 63], np.int64)
+    for neox in (True, False):
+        _same(glue.rope_rows(x, cos, sin, pos, 48, neox), linalg.rope(x, cos[pos], sin[pos], 48, neox), f"rope {neox}")
+    T, K, D = 3, 4, 32
+    ids = rng.integers(0, 6, (T, K)).astype(np.int32)
+    dm = rng.standard_normal((T * K, D)).astype(np.float32)
+    order = np.argsort(ids.reshape(-1), kind="stable")
+    wk = rng.random((T, K)).astype(np.float32)
+    y = np.empty_like(dm)
+    y[order] = dm
+    ref = np.zeros((T, D), np.float32)
+    for k in range(K):
+        ref = ref + wk[:, k, None] * y.reshape(T, K, D)[:, k]
+    _same(glue.combine(dm, order, wk), ref, "combine")

@@ -197,12 +197,14 @@ def test_generic_vector_paths(monkeypatch):
 
     rng = np.random.default_rng(11)
     a = K.quantize_act(rng.standard_normal((1, 256 * 6)).astype(np.float32), 15).reshape(-1)
-    blocks = {t: quants.get(t).random_blocks(rng, 6, 0.05).reshape(-1) for t in (12, 13, 14, 20, 23)}
+    blocks = {t: quants.get(t).random_blocks(rng, 6, 0.05).reshape(-1) for t in (12, 13, 14, 20, 23, 17, 21)}
 
     def build():
+        from strata.accel.cpu._llvm import dot_i16_i8_256
+
         @njit
-        def sums(wq4, wq5, wq6, w_nl, w_xs, a):
-            out = np.zeros((6, 5), np.int64)
+        def sums(wq4, wq5, wq6, w_nl, w_xs, w2xs, w3s, a):
+            out = np.zeros((6, 9), np.int64)
             sc = np.zeros(512, np.int16)
             aux = np.zeros(16, np.int32)
             for b in range(6):
@@ -216,11 +218,18 @@ def test_generic_vector_paths(monkeypatch):
                 out[b, 3] = np.int64(sc.view(np.int8)[:32].astype(np.int64).sum())
                 Dd.dec_iq4_xs(w_xs, 136 * b, sc, aux)
                 out[b, 4] = np.int64(sc.view(np.int8)[:256].astype(np.int64).sum()) + aux[:8].sum()
+                out[b, 5] = Dd.dot_iq2_xs(w2xs, 74 * b, a, 292 * b, sc)      # fused grid dots ...
+                out[b, 6] = Dd.dot_iq3_s(w3s, 110 * b, a, 292 * b, sc)
+                Dd.dec_iq2_xs(w2xs, 74 * b, sc, aux)                        # ... and decode-then-dot
+                out[b, 7] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
+                Dd.dec_iq3_s(w3s, 110 * b, sc, aux)
+                out[b, 8] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
             return out
 
-        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], a)
+        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], blocks[17], blocks[21], a)
 
     native = build()
     monkeypatch.setattr(_vec, "_AVX2", False)
     generic = build()
     assert np.array_equal(native, generic)
+    assert np.array_equal(native[:, 5:7], native[:, 7:9]), "fused grid dots differ from decode-then-dot"

@@ -278,6 +278,35 @@ def addr_ptr(typingctx, addr):
     return types.voidptr(types.int64), codegen
 
 
+# the C signature of the row kernels' entry points (rows.kernel_table):
+# (qt, w*, w_bytes, row_bytes, r0, r1, a*, a_bytes, a_row_bytes, T, out*, out_len, out_stride, ws*, ws_bytes)
+_KPTR = (1, 6, 10, 13)
+
+
+@intrinsic
+def call_rows(typingctx, fn, qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride, ws, wsn):
+    """Call a row kernel through its C function pointer `fn` (all arguments int64; buffers as addresses).
+    The scheduler calls the kernels this way rather than linking them, so compiling it does not re-optimise
+    every kernel (Numba re-optimises linked code at each level of calls between compiled functions)."""
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t if i in _KPTR else I64 for i in range(15)])
+        fp = builder.inttoptr(args[0], fnty.as_pointer())
+        call_args = [builder.inttoptr(v, cgutils.voidptr_t) if i in _KPTR else v for i, v in enumerate(args[1:])]
+        builder.call(fp, call_args)
+        return context.get_dummy_value()
+
+    return types.void(*([types.int64] * 16)), codegen
+
+
+@intrinsic
+def data_addr(typingctx, arr):
+    """An array's data address, inside Numba code."""
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(context.make_array(sig.args[0])(context, builder, args[0]).data, I64)
+
+    return types.int64(arr), codegen
+
+
 def address(a: np.ndarray) -> int:
     """The data address of an array (the pool passes job buffers to its workers this way)."""
     return a.__array_interface__["data"][0]

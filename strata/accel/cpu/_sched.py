@@ -17,14 +17,16 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from strata.accel.cpu._llvm import addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, cycles, spin_pause
+from strata.accel.cpu._llvm import (addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, call_rows,
+                                    cycles, data_addr, spin_pause)
 from strata.accel.cpu.act import quantize_rows, swiglu
 from strata.accel.cpu.dense import attention_heads
-from strata.accel.cpu.rows import matmul_rows
+from strata.accel.cpu.rows import family_index
 
 # ctl: int64 control words, each on its own cache line; the mailbox holds the current batch's addresses
 HEAD, DONE, EPOCH, NPARKED, HOST_PARKED, SHUTDOWN = 0, 8, 16, 24, 32, 40
 PLAN, NJOBS, TILES, NTILES, GROUPS, NGROUPS = 48, 49, 50, 51, 52, 53
+KFN = 56   # 56..58: the row kernels' C entry points (rows.kernel_table)
 CTL_WORDS = 64
 
 # plan: one int64 row per job
@@ -44,6 +46,7 @@ GF = 4
 A_NONE, A_QH = 0, 1
 
 ST_IDLE, ST_BLOCKED, ST_WAKE_HOST, ST_PARK, ST_EXIT = 0, 1, 2, 3, 4
+WS_BYTES = 64 << 10
 _MASK = (1 << 32) - 1
 
 
@@ -72,7 +75,14 @@ def _quantize_h(plan, j, t0, t1):
 
 
 @njit(nogil=True, cache=True)
-def _exec(plan, kind, j, r0, r1, t0, t1):
+def _mm(ctl, qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride, ws):
+    """Rows r0..r1 of a weight (all buffers as addresses) through the kernel family's C entry point."""
+    call_rows(ctl[KFN + family_index(qt)], qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride,
+              data_addr(ws), ws.size)
+
+
+@njit(nogil=True, cache=True)
+def _exec(ctl, plan, kind, j, r0, r1, t0, t1, ws):
     n, d, f = plan[j, J_N], plan[j, J_D], plan[j, J_F]
     if kind == T_QX:  # x rows t0..t1 -> the gate's (and, if different, the up's) activation type
         x = _f32(plan[j, J_X], n * plan[j, J_XS])
@@ -84,20 +94,19 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
             quantize_rows(plan[j, J_UAT], x, t0 * plan[j, J_XS], plan[j, J_XS], t1 - t0, d, qu,
                           t0 * plan[j, J_QXUROW], plan[j, J_QXUROW])
     elif kind == T_GU:  # gate and up rows r0..r1 for all tokens, then h = silu(g)·u on those rows
+        _mm(ctl, plan[j, J_GT], plan[j, J_GW], f * plan[j, J_GROW], plan[j, J_GROW], r0, r1, plan[j, J_QXG],
+            n * plan[j, J_QXGROW], plan[j, J_QXGROW], n, plan[j, J_G], n * f, f, ws)
+        _mm(ctl, plan[j, J_UT], plan[j, J_UW], f * plan[j, J_UROW], plan[j, J_UROW], r0, r1, plan[j, J_QXU],
+            n * plan[j, J_QXUROW], plan[j, J_QXUROW], n, plan[j, J_U], n * f, f, ws)
         g = _f32(plan[j, J_G], n * f)
         u = _f32(plan[j, J_U], n * f)
-        matmul_rows(plan[j, J_GT], _u8(plan[j, J_GW], f * plan[j, J_GROW]), plan[j, J_GROW], r0, r1,
-                    _u8(plan[j, J_QXG], n * plan[j, J_QXGROW]), plan[j, J_QXGROW], n, g, f)
-        matmul_rows(plan[j, J_UT], _u8(plan[j, J_UW], f * plan[j, J_UROW]), plan[j, J_UROW], r0, r1,
-                    _u8(plan[j, J_QXU], n * plan[j, J_QXUROW]), plan[j, J_QXUROW], n, u, f)
         for t in range(n):
             swiglu(g, t * f + r0, u, t * f + r0, r1 - r0)
     elif kind == T_QH:
         _quantize_h(plan, j, t0, t1)
     elif kind == T_DOWN:  # down rows r0..r1 -> out[t, r] (unweighted expert output)
-        out = _f32(plan[j, J_OUT], n * plan[j, J_OS])
-        matmul_rows(plan[j, J_DT], _u8(plan[j, J_DW], d * plan[j, J_DROW]), plan[j, J_DROW], r0, r1,
-                    _u8(plan[j, J_QH], n * plan[j, J_QHROW]), plan[j, J_QHROW], n, out, plan[j, J_OS])
+        _mm(ctl, plan[j, J_DT], plan[j, J_DW], d * plan[j, J_DROW], plan[j, J_DROW], r0, r1, plan[j, J_QH],
+            n * plan[j, J_QHROW], plan[j, J_QHROW], n, plan[j, J_OUT], n * plan[j, J_OS], plan[j, J_OS], ws)
     elif kind == T_ATT:  # attention heads r0..r1 (J_F heads, J_GT kv heads, J_GROW head size, J_UT cache slots)
         hh, hkv, hd, cap = f, plan[j, J_GT], plan[j, J_GROW], plan[j, J_UT]
         q = _f32(plan[j, J_X], n * hh * hd).reshape((n, hh, hd))
@@ -108,13 +117,12 @@ def _exec(plan, kind, j, r0, r1, t0, t1):
         attention_heads(q, kt, v, pos, d, r0, r1, out)
     else:  # T_LIN: a dense weight (J_F rows of J_D) on tokens t0..t1
         qrow, os = plan[j, J_QXGROW], plan[j, J_OS]
-        qx = _u8(plan[j, J_QXG], n * qrow)
-        out = _f32(plan[j, J_OUT], n * os)
-        matmul_rows(plan[j, J_GT], _u8(plan[j, J_GW], f * plan[j, J_GROW]), plan[j, J_GROW], r0, r1,
-                    qx[t0 * qrow:], qrow, t1 - t0, out[t0 * os:], os)
+        _mm(ctl, plan[j, J_GT], plan[j, J_GW], f * plan[j, J_GROW], plan[j, J_GROW], r0, r1,
+            plan[j, J_QXG] + t0 * qrow, (t1 - t0) * qrow, qrow, t1 - t0, plan[j, J_OUT] + 4 * t0 * os,
+            (t1 - t0) * os, os, ws)
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _work(ctl, epoch, resume, spin_ticks):
     """Claim and run tiles of batch `epoch` until none is left. Returns (status, tile):
     (ST_IDLE, -1) nothing left (or the batch is no longer current); (ST_BLOCKED, i) tile i waited longer
@@ -124,6 +132,7 @@ def _work(ctl, epoch, resume, spin_ticks):
     plan = _i64(ctl[PLAN], nj * JF).reshape((nj, JF))
     tiles = _i64(ctl[TILES], nt * TF).reshape((nt, TF))
     groups = _i64(ctl[GROUPS], max(ng, 1) * GF)
+    ws = np.empty(WS_BYTES, np.uint8)   # this thread's kernel workspace for the whole batch
     status = ST_IDLE
     while True:
         if resume >= 0:
@@ -144,7 +153,7 @@ def _work(ctl, epoch, resume, spin_ticks):
                 if cycles() - c0 > spin_ticks:
                     return ST_BLOCKED, i
         j = tiles[i, K_JOB]
-        _exec(plan, tiles[i, K_KIND], j, tiles[i, K_R0], tiles[i, K_R1], tiles[i, K_T0], tiles[i, K_T1])
+        _exec(ctl, plan, tiles[i, K_KIND], j, tiles[i, K_R0], tiles[i, K_R1], tiles[i, K_T0], tiles[i, K_T1], ws)
         s = tiles[i, K_SIGNAL]
         if s >= 0 and atomic_add(groups, s * GF + G_PENDING, -1) == 1:
             if groups[s * GF + G_ACTION] == A_QH:  # pipeline: this expert's gate/up is complete
@@ -157,14 +166,28 @@ def _work(ctl, epoch, resume, spin_ticks):
 
 @njit(nogil=True, cache=True)
 def step(ctl, epoch, resume, spin_ticks, worker):
-    """One stretch of a thread's work, without the GIL. Returns (status, epoch, tile).
+    """One stretch of a thread's work, without the GIL (the one compiled entry that links the kernels).
+    Returns (status, epoch, tile).
 
-    Host (worker=False): claim and run tiles of batch `epoch` (resuming tile `resume` if >= 0) -> ST_IDLE,
-    ST_BLOCKED or ST_WAKE_HOST as `_work`. Worker: after finishing `resume` if any, spin (bounded) for a batch
-    newer than `epoch`, work it, and repeat; returns ST_PARK (idle for spin_ticks; registered in NPARKED),
-    ST_EXIT, ST_BLOCKED (tile held: yield, then call again with it) or ST_WAKE_HOST."""
+    Host (worker=False): claim and run tiles of batch `epoch` (resuming tile `resume` if >= 0), then spin
+    (bounded) until every tile is done -> ST_IDLE (all done), ST_BLOCKED (yield, then call again with the tile)
+    or ST_PARK (the spin ran out: sleep until the last tile's thread wakes the host).
+    Worker: after finishing `resume` if any, spin (bounded) for a batch newer than `epoch`, work it, and repeat;
+    returns ST_PARK (idle for spin_ticks; registered in NPARKED), ST_EXIT, ST_BLOCKED or ST_WAKE_HOST."""
+    if not worker:
+        if epoch >= 0:   # epoch < 0: only wait (a host that takes no tiles)
+            st, i = _work(ctl, epoch, resume, spin_ticks)
+            if st == ST_BLOCKED:
+                return st, epoch, i
+        nt = ctl[NTILES]
+        c0 = cycles()
+        while atomic_load(ctl, DONE) < nt:
+            if cycles() - c0 > spin_ticks:
+                return ST_PARK, epoch, -1
+            spin_pause()
+        return ST_IDLE, epoch, -1
     while True:
-        if worker and resume < 0:
+        if resume < 0:
             c0 = cycles()
             while True:
                 if atomic_load(ctl, SHUTDOWN) != 0:
@@ -182,7 +205,7 @@ def step(ctl, epoch, resume, spin_ticks, worker):
             epoch = e
         st, i = _work(ctl, epoch, resume, spin_ticks)
         resume = -1
-        if not worker or st != ST_IDLE:
+        if st != ST_IDLE:
             return st, epoch, i
 
 
@@ -199,18 +222,11 @@ def publish(ctl, epoch, plan_addr, njobs, tiles_addr, ntiles, groups_addr, ngrou
 
 
 @njit(nogil=True, cache=True)
-def wait_done(ctl, ntiles, spin_ticks, park):
-    """Spin until the batch's tiles are all done (True), or give up after spin_ticks (False); with park, first
-    register the host as sleeping (HOST_PARKED) and re-check, so the last tile's thread knows to wake it."""
-    if park:
-        atomic_store(ctl, HOST_PARKED, 1)
-        return atomic_load(ctl, DONE) >= ntiles
-    c0 = cycles()
-    while atomic_load(ctl, DONE) < ntiles:
-        if cycles() - c0 > spin_ticks:
-            return False
-        spin_pause()
-    return True
+def park_host(ctl, ntiles):
+    """Register the host as sleeping (HOST_PARKED), then re-check: True if the batch finished meanwhile. The
+    thread that finishes the last tile reads the flag after counting it, so one of the two always sees the other."""
+    atomic_store(ctl, HOST_PARKED, 1)
+    return atomic_load(ctl, DONE) >= ntiles
 
 
 @njit(nogil=True, cache=True)
@@ -357,9 +373,23 @@ def prepare(plan, owner, threads, base, cap, pipeline):
     dn_rows = np.ones(nj, np.int64)
     for j in range(nj):
         if plan[j, J_KIND] == JOB_EXPERT:
-            gu_rows[j] = max(1, gu_t // (plan[j, J_GROW] + plan[j, J_UROW]))
-            dn_rows[j] = max(1, dn_t // plan[j, J_DROW])
+            gu_rows[j] = max(1, gu_t // max(1, plan[j, J_GROW] + plan[j, J_UROW]))
+            dn_rows[j] = max(1, dn_t // max(1, plan[j, J_DROW]))
         elif plan[j, J_KIND] == JOB_LINEAR:
-            gu_rows[j] = max(1, gu_t // plan[j, J_GROW])
+            gu_rows[j] = max(1, gu_t // max(1, plan[j, J_GROW]))
     tiles, groups = build_tiles(plan, owner, gu_rows, dn_rows, pipeline)
     return total, tiles, groups
+
+
+@njit(nogil=True, cache=True)
+def launch(ctl, epoch, plan, owner, threads, scratch, pipeline):
+    """prepare() into `scratch`, then publish the batch as `epoch`. Returns (bytes short, tiles, groups, parked
+    workers): bytes short > 0 means scratch is too small and nothing was published."""
+    base = data_addr(scratch)
+    pad = (64 - base % 64) % 64
+    total, tiles, groups = prepare(plan, owner, threads, base + pad, scratch.size - pad, pipeline)
+    if total > scratch.size - pad:
+        return total + 64, tiles, groups, 0
+    parked = publish(ctl, epoch, data_addr(plan), plan.shape[0], data_addr(tiles), tiles.shape[0],
+                     data_addr(groups), groups.size // GF)
+    return 0, tiles, groups, parked

@@ -3,7 +3,9 @@
 Each decoder mirrors the unpacking of its class in strata/quants (the numpy reference, whose docstrings give the
 bit layouts) and writes:
   32-weight types (Q8_0 activations / Q8_1)  dst int8[32] codes (Q2_0: int8[64])
-  K-quants and grid i-quants                 dst int16[256] = sub-block scale · code (exact, |.| <= 4096)
+  Q2_K, Q3_K and grid i-quants               dst int16[256] = sub-block scale · code (exact, |.| <= 4096)
+  Q4_K, Q5_K, Q6_K (and the grids, for one token) take fused dots instead: the decoder leaves only the scales
+                                             in dst, and `dot_*` multiplies codes held in registers
                                              (IQ1_M: a second int16[256] of scale · delta sign at byte 512)
   IQ4_XS                                     dst int8[256] codes, aux int32[8] = ls − 32 per 32-weight unit
   aux int32[16]                              the integers that meet the Q8_K bsums (mins, signed IQ1_S scales)
@@ -127,28 +129,6 @@ def _scales_k4(v: VB):
     return v.zx(sc, 16), m
 
 
-def _q45k(v: VB, qs_off: int, qh_off: int | None):
-    sc, m = _scales_k4(v)
-    v.put("aux", 0, v.zx(v.shuf(m, [j // 2 for j in range(16)]), 32))  # m[j // 2] meets bsums[j]
-    qh = v.ld(qh_off, 32) if qh_off is not None else None
-    for g in range(4):
-        q = v.ld(qs_off + 32 * g, 32)
-        for h, c in enumerate((v.and_(q, 15), v.shr(q, 4))):
-            if qh is not None:
-                c = v.or_(c, v.shl(v.and_(v.shr(qh, 2 * g + h), 1), 4))
-            v.put("dst", 2 * (64 * g + 32 * h), v.mul(v.zx(c, 16), v.shuf(sc, [2 * g + h] * 32)))
-
-
-@decoder
-def dec_q4_k(v):  # d | dmin | scales[12] | qs[128]
-    _q45k(v, 16, None)
-
-
-@decoder
-def dec_q5_k(v):  # d | dmin | scales[12] | qh[32] | qs[128]
-    _q45k(v, 48, 16)
-
-
 # --- fused block · activation dots: codes stay in registers (u8 × s8 pairs, then × the sub-block scale) ------------
 @decoder
 def dec_q4_k_sc(v):  # d | dmin | scales[12] | ...: dst int16[8] scales, aux int32[16] mins against bsums
@@ -207,18 +187,6 @@ def dot_q6_k(v):
 
 
 @decoder
-def dec_q6_k(v):  # ql[128] | qh[64] | int8 scales[16] | d
-    sc = v.sx(v.ld(192, 16), 16)
-    for n in range(2):
-        ql = (v.ld(64 * n, 32), v.ld(64 * n + 32, 32))
-        qh = v.ld(128 + 32 * n, 32)
-        for k in range(4):
-            low4 = v.and_(ql[k % 2], 15) if k < 2 else v.shr(ql[k % 2], 4)
-            q = v.sub(v.or_(low4, v.shl(v.and_(v.shr(qh, 2 * k), 3), 4)), 32)
-            v.put("dst", 2 * (128 * n + 32 * k), v.mul(v.sx(q, 16), _half_pairs(v, sc, 8 * n + 2 * k)))
-
-
-@decoder
 def dec_iq4_xs(v):  # d | scales_h u16 | scales_l[4] | qs[128]
     for p in range(4):  # 32 bytes = sub-blocks 2p (bytes 0..15) and 2p + 1 (16..31)
         q = v.ld(8 + 32 * p, 32)
@@ -245,36 +213,55 @@ def _odd(v: VB, ls):
     return v.add(v.shl(ls16, 1), 1)
 
 
-def _nibble_mults(v: VB, byte):
-    """A scales byte -> <32 x i16>: 2·lo + 1 on lanes 0..15, 2·hi + 1 on 16..31 (16-weight sub-blocks)."""
-    return v.cat(v.bcast(_odd(v, v.and_(byte, 15)), 16), v.bcast(_odd(v, v.shr(byte, 4)), 16))
-
-
 def _ksigns(v: VB, ks, word, shifts):
     return v.pack([v.tload(ks, v.and_(v.shr(word, s), 127)) for s in shifts])
 
 
-@decoder
-def dec_iq2_xxs(v):  # d | 8 × (u32 a0 = 4 grid bytes, u32 a1 = 4 × 7-bit ksigns | ls << 28)
+# Each grid type is written once as 32-weight chunks (chunk index, grid rows, 4 sign bytes, the odd multipliers of
+# its two 16-weight halves); `_decoded` stores scale·(±grid) as int16 for dots against many tokens, `_fused` moves
+# the signs onto the activations and multiplies in registers (pmaddubsw, then pmaddwd by the multipliers), for
+# one token. Grid values <= 62 and |a| <= 127 (our quantisers never emit −128) keep every i16 pair sum exact.
+def _decoded(chunks):
+    def build(v):
+        for ib, rows, signs, (m0, m1) in chunks(v):
+            _signed_rows(v, rows, signs, v.cat(v.bcast(m0, 16), v.bcast(m1, 16)), 64 * ib)
+
+    build.__name__ = "dec_" + chunks.__name__.strip("_")
+    return build
+
+
+def _fused(chunks):
+    def build(v):
+        acc = None
+        for ib, rows, signs, (m0, m1) in chunks(v):
+            sa = v.signed(v.lda(4 + 32 * ib, 32), signs)
+            t = v.maddwd(v.maddubs(v.bytes_of(v.pack(rows), 32), sa), v.cat(v.bcast(m0, 8), v.bcast(m1, 8)))
+            acc = t if acc is None else v.b.add(acc, t)
+        return reduce_add(v.b, acc)
+
+    build.__name__ = "dot_" + chunks.__name__.strip("_")
+    return build
+
+
+def _iq2_xxs(v):  # d | 8 × (u32 a0 = 4 grid bytes, u32 a1 = 4 × 7-bit ksigns | ls << 28)
     grid, ks = v.table("iq2xxs", _GRIDS["iq2xxs"]), v.table("ksigns", _GRIDS["ksigns"])
     for ib in range(8):
         a0, a1 = v.ld(2 + 8 * ib, 1, 32), v.ld(6 + 8 * ib, 1, 32)
-        rows = [v.tload(grid, v.and_(v.shr(a0, 8 * l), 255)) for l in range(4)]
-        _signed_rows(v, rows, _ksigns(v, ks, a1, (0, 7, 14, 21)), v.bcast(_odd(v, v.shr(a1, 28)), 32), 64 * ib)
+        m = _odd(v, v.shr(a1, 28))
+        yield ib, [v.tload(grid, v.and_(v.shr(a0, 8 * l), 255)) for l in range(4)], \
+            _ksigns(v, ks, a1, (0, 7, 14, 21)), (m, m)
 
 
-@decoder
-def dec_iq2_xs(v):  # d | u16 qs[32] (9-bit index | ksigns << 9) | scales[8]
+def _iq2_xs(v):  # d | u16 qs[32] (9-bit index | ksigns << 9) | scales[8] (a nibble per 16 weights)
     grid, ks = v.table("iq2xs", _GRIDS["iq2xs"]), v.table("ksigns", _GRIDS["ksigns"])
     for i in range(8):
         qk = [v.ld(2 + 2 * (4 * i + l), 1, 16) for l in range(4)]
-        rows = [v.tload(grid, v.and_(q, 511)) for q in qk]
-        signs = v.pack([v.tload(ks, v.shr(q, 9)) for q in qk])
-        _signed_rows(v, rows, signs, _nibble_mults(v, v.ld(66 + i, 1, 8)), 64 * i)
+        sc = v.ld(66 + i, 1, 8)
+        yield i, [v.tload(grid, v.and_(q, 511)) for q in qk], v.pack([v.tload(ks, v.shr(q, 9)) for q in qk]), \
+            (_odd(v, v.and_(sc, 15)), _odd(v, v.shr(sc, 4)))
 
 
-@decoder
-def dec_iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
+def _iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
     grid = v.table("iq2s", _GRIDS["iq2s"])
     for i in range(8):
         rows = []
@@ -282,28 +269,35 @@ def dec_iq2_s(v):  # d | qs[32] | signs[32] | qh[8] | scales[8]
             k = 4 * i + l
             hi = v.zx(v.and_(v.shr(v.ld(66 + k // 4, 1, 8), 2 * (k % 4)), 3), 16)
             rows.append(v.tload(grid, v.or_(v.zx(v.ld(2 + k, 1, 8), 16), v.shl(hi, 8))))
-        _signed_rows(v, rows, v.ld(34 + 4 * i, 4), _nibble_mults(v, v.ld(74 + i, 1, 8)), 64 * i)
+        sc = v.ld(74 + i, 1, 8)
+        yield i, rows, v.ld(34 + 4 * i, 4), (_odd(v, v.and_(sc, 15)), _odd(v, v.shr(sc, 4)))
 
 
-@decoder
-def dec_iq3_xxs(v):  # d | qs[64] (iq3xxs_grid indices, 4 weights each) | u32 aux[8]
+def _iq3_xxs(v):  # d | qs[64] (iq3xxs_grid indices, 4 weights each) | u32 aux[8]
     grid, ks = v.table("iq3xxs", _GRIDS["iq3xxs"]), v.table("ksigns", _GRIDS["ksigns"])
     for ib in range(8):
         a = v.ld(66 + 4 * ib, 1, 32)
-        rows = [v.tload(grid, v.ld(2 + 8 * ib + l, 1, 8)) for l in range(8)]
-        _signed_rows(v, rows, _ksigns(v, ks, a, (0, 7, 14, 21)), v.bcast(_odd(v, v.shr(a, 28)), 32), 64 * ib)
+        m = _odd(v, v.shr(a, 28))
+        yield ib, [v.tload(grid, v.ld(2 + 8 * ib + l, 1, 8)) for l in range(8)], \
+            _ksigns(v, ks, a, (0, 7, 14, 21)), (m, m)
 
 
-@decoder
-def dec_iq3_s(v):  # d | qs[64] | qh[8] | signs[32] | scales[4]
+def _iq3_s(v):  # d | qs[64] | qh[8] | signs[32] | scales[4]
     grid = v.table("iq3s", _GRIDS["iq3s"])
     for ib in range(8):
         qh = v.ld(66 + ib, 1, 8)
         rows = [v.tload(grid, v.or_(v.zx(v.ld(2 + 8 * ib + l, 1, 8), 16),
                                     v.shl(v.zx(v.and_(v.shr(qh, l), 1), 16), 8))) for l in range(8)]
         sb = v.ld(106 + ib // 2, 1, 8)
-        ls = v.and_(sb, 15) if ib % 2 == 0 else v.shr(sb, 4)
-        _signed_rows(v, rows, v.ld(74 + 4 * ib, 4), v.bcast(_odd(v, ls), 32), 64 * ib)
+        m = _odd(v, v.and_(sb, 15) if ib % 2 == 0 else v.shr(sb, 4))
+        yield ib, rows, v.ld(74 + 4 * ib, 4), (m, m)
+
+
+dec_iq2_xxs, dot_iq2_xxs = decoder(_decoded(_iq2_xxs)), fused(_fused(_iq2_xxs))
+dec_iq2_xs, dot_iq2_xs = decoder(_decoded(_iq2_xs)), fused(_fused(_iq2_xs))
+dec_iq2_s, dot_iq2_s = decoder(_decoded(_iq2_s)), fused(_fused(_iq2_s))
+dec_iq3_xxs, dot_iq3_xxs = decoder(_decoded(_iq3_xxs)), fused(_fused(_iq3_xxs))
+dec_iq3_s, dot_iq3_s = decoder(_decoded(_iq3_s)), fused(_fused(_iq3_s))
 
 
 @decoder

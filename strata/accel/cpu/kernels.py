@@ -13,7 +13,7 @@ import numpy as np
 
 from strata import quants
 from strata.accel.cpu import act as A
-from strata.accel.cpu.rows import MAXT, family
+from strata.accel.cpu.rows import MAXT, family, workspace
 
 SUPPORTED = tuple(c.qtype for c in quants.registered() if c.weight)
 
@@ -59,7 +59,7 @@ def rows(w: np.ndarray, qtype: int, r0: int, r1: int, a: np.ndarray, out: np.nda
     if not (0 <= r0 <= r1 <= min(w.shape[0], out.shape[1])) or a.shape[0] > MAXT:
         raise ValueError(f"rows [{r0}, {r1}) or T = {a.shape[0]} outside the weight/out/MAXT={MAXT} bounds")
     family(qtype)(qtype, w.reshape(-1), w.shape[1], r0, r1, a.reshape(-1), a.shape[1], a.shape[0],
-                out.reshape(-1), out.shape[1])
+                out.reshape(-1), out.shape[1], workspace())
 
 
 def q8_matmul(x: np.ndarray, w: np.ndarray, qtype: int) -> np.ndarray:

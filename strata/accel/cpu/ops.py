@@ -14,11 +14,11 @@ import numpy as np
 
 from strata import quants
 from strata.accel.cpu import _sched as S
-from strata.accel.cpu import dense
+from strata.accel.cpu import dense, glue
 from strata.accel.cpu._llvm import address
 from strata.accel.cpu.act import act_row_bytes
 from strata.accel.cpu.kernels import as_bytes
-from strata.accel.cpu.pool import AttentionJob, ExpertJob, ExpertPool
+from strata.accel.cpu.pool import ExpertJob, ExpertPool
 from strata.accel.cpu.rows import MAXT
 from strata.mathfn import sigmoid32
 from strata.models import Model
@@ -88,6 +88,7 @@ class CpuOps(RefOps):
         self._wcache: dict[str, tuple[np.ndarray, int, np.ndarray]] = {}
         self._ecache: dict[int, _Experts] = {}
         self._stash: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # name -> (its input x, its output)
+        self._lcache: dict[tuple[str, ...], tuple] = {}
 
     def _wb(self, name: str) -> tuple[np.ndarray, int, np.ndarray]:
         """A weight as uint8 rows [N, row_bytes], its type and its plan row (views of the mapped file, cached)."""
@@ -110,19 +111,24 @@ class CpuOps(RefOps):
         dense.rms_norm_rows(x2, w, float(eps), out)
         return out.reshape(x.shape)
 
-    def _linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
+    def _linears(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """x [T, K] times several weights in one pool batch (one activation quantisation per type)."""
         x = np.ascontiguousarray(x, np.float32)
         T = x.shape[0]
-        ws = [self._wb(n) for n in names]
-        outs = [np.empty((T, w.shape[0]), np.float32) for w, _, _ in ws]
-        plan = np.stack([row for _, _, row in ws])
+        tpl = self._lcache.get(names)
+        if tpl is None:
+            ws = [self._wb(n) for n in names]
+            rows = np.stack([row for _, _, row in ws])
+            acts = rows[:, S.J_GAT]
+            owner = np.array([int(np.flatnonzero(acts == a)[0]) for a in acts], np.int64)
+            tpl = self._lcache[names] = (rows, owner, [w.shape[0] for w, _, _ in ws])
+        rows, owner, ns = tpl
+        outs = [np.empty((T, n), np.float32) for n in ns]
+        plan = rows.copy()
         plan[:, S.J_N], plan[:, S.J_X], plan[:, S.J_XS] = T, address(x), x.shape[1]
         plan[:, S.J_OUT] = [address(o) for o in outs]
-        plan[:, S.J_OS] = [o.shape[1] for o in outs]
-        acts = plan[:, S.J_GAT]
-        owner = np.array([int(np.flatnonzero(acts == a)[0]) for a in acts], np.int64)
-        self.pool.run_plan(plan, owner, (x, outs, ws))
+        plan[:, S.J_OS] = ns
+        self.pool.run_plan(plan, owner, (x, outs))
         return outs
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -133,19 +139,27 @@ class CpuOps(RefOps):
             p = name[: -len("attn_q.weight")]
             sib = [p + "attn_k.weight", p + "attn_v.weight"]
             if all(n in self.model.tensors for n in sib):
-                q, k, v = self._linears(x, [name, *sib])
+                q, k, v = self._linears(x, (name, *sib))
                 self._stash = {sib[0]: (x, k), sib[1]: (x, v)}
                 return q
-        return self._linears(x, [name])[0]
+        return self._linears(x, (name,))[0]
 
     def attention(self, layer: int, q, k, v, pos: np.ndarray) -> np.ndarray:
         T = q.shape[0]
         kt, vc = self.kv.kt[layer], self.kv.v[layer]
         kt[:, :, pos] = np.transpose(k, (1, 2, 0))                       # [Hkv, hd, T]
         vc[:, pos, :] = np.transpose(v, (1, 0, 2))                       # [Hkv, T, hd]
-        out = np.empty((T, q.shape[1] * q.shape[2]), np.float32)         # [T, H*hd]
-        self.pool.run([AttentionJob(np.ascontiguousarray(q, np.float32), kt, vc, np.ascontiguousarray(pos, np.int64),
-                                    int(pos[-1]) + 1, out)])
+        H, hd = q.shape[1], q.shape[2]
+        q = np.ascontiguousarray(q, np.float32)
+        pos = np.ascontiguousarray(pos, np.int64)
+        out = np.empty((T, H * hd), np.float32)                           # [T, H*hd]
+        plan = np.zeros((1, S.JF), np.int64)                               # an AttentionJob's row (pool._plan)
+        p = plan[0]
+        p[S.J_KIND], p[S.J_N], p[S.J_D], p[S.J_F] = S.JOB_ATTN, T, int(pos[-1]) + 1, H
+        p[S.J_GT], p[S.J_GROW], p[S.J_UT] = kt.shape[0], hd, kt.shape[2]
+        p[S.J_X], p[S.J_GW], p[S.J_UW], p[S.J_DW], p[S.J_OUT] = (address(q), address(kt), address(vc),
+                                                                  address(pos), address(out))
+        self.pool.run_plan(plan, np.zeros(1, np.int64), (q, pos, out))
         return out
 
     def ffn(self, h: np.ndarray, gate: str, up: str, down: str) -> np.ndarray:
@@ -156,6 +170,16 @@ class CpuOps(RefOps):
         self.pool.run([ExpertJob.from_parts(g, u, d, (gt, ut, dt), D, F, h[t0:t0 + MAXT], out[t0:t0 + MAXT])
                        for t0 in range(0, h.shape[0], MAXT)])
         return out
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, cfg: MoEConfig) -> np.ndarray:
+        return glue.rope_rows(np.ascontiguousarray(x, np.float32), self.cos, self.sin,
+                              np.ascontiguousarray(pos, np.int64), cfg.n_rot, cfg.rope_neox)
+
+    def topk(self, probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return glue.topk_rows(np.ascontiguousarray(probs, np.float32), k)
+
+    def renorm(self, w: np.ndarray) -> np.ndarray:
+        return glue.renorm_rows(np.ascontiguousarray(w, np.float32))
 
     def sigmoid_gate(self, s: np.ndarray, h: np.ndarray, name: str) -> np.ndarray:
         return s * sigmoid32(self.linear(h, name))                         # [T, D] · [T, 1]
@@ -175,40 +199,10 @@ class CpuOps(RefOps):
         ex = self._ecache.get(layer)
         if ex is None:
             ex = self._ecache[layer] = _Experts(self.model, layer)
-        T, K = ids.shape
-        D = self.cfg.n_embd
-        h = np.ascontiguousarray(h, np.float32)
-        flat = ids.reshape(-1).astype(np.int64)
-        order = np.argsort(flat, kind="stable")                            # [T*K] (t, k) pairs, expert-major
-        fl = flat[order]
-        run0 = np.flatnonzero(np.r_[True, fl[1:] != fl[:-1]])              # first row of each expert's run
-        run_of = np.cumsum(np.r_[True, fl[1:] != fl[:-1]]) - 1             # [T*K] run index of each row
-        in_run = np.arange(fl.size) - run0[run_of]
-        js = np.flatnonzero(in_run % MAXT == 0)                            # first row of each job
-        run_end = np.r_[run0[1:], fl.size]
-        je = np.minimum(np.r_[js[1:], fl.size], run_end[run_of[js]])
-        e = fl[js]
-        dm = np.empty((T * K, D), np.float32)                              # Dm: unweighted expert rows
-        plan = np.repeat(ex.row[None], js.size, axis=0)
-        plan[:, S.J_GW:S.J_DW + 1] = ex.base + e[:, None] * ex.stride      # gate, up, down of each job's expert
-        plan[:, S.J_N] = je - js
-        plan[:, S.J_OUT] = address(dm) + js * (4 * D)
-        if T == 1:                                                         # decode: every job reads the one row
-            xs = h
-            plan[:, S.J_X] = address(h)
-            owner = np.zeros(js.size, np.int64)
-        else:
-            xs = h[order // K]                                             # [T*K, D] gathered inputs
-            plan[:, S.J_X] = address(xs) + js * (4 * D)
-            owner = np.arange(js.size, dtype=np.int64)
+        plan, owner, order, xs, dm = glue.expert_plan(np.ascontiguousarray(ids, np.int32), ex.row, ex.base, ex.stride,
+                                                      np.ascontiguousarray(h, np.float32), MAXT)
         self.pool.run_plan(plan, owner, (xs, dm, ex))
-        y = np.empty((T * K, D), np.float32)
-        y[order] = dm
-        y = y.reshape(T, K, D)                                             # [T, K, D]
-        out = np.zeros((T, D), np.float32)
-        for k in range(K):
-            out = out + w[:, k, None] * y[:, k]
-        return out
+        return glue.combine(dm, order, np.ascontiguousarray(w, np.float32))
 
 
 class CpuEngine(RefEngine):

@@ -29,7 +29,7 @@ from strata import quants
 from strata.accel.cpu import _sched as S
 from strata.accel.cpu._llvm import address
 from strata.accel.cpu.act import act_row_bytes
-from strata.accel.cpu.rows import MAXT
+from strata.accel.cpu.rows import MAXT, kernel_table
 
 _ALIGN = 64
 
@@ -202,6 +202,7 @@ class ExpertPool:
         raw = np.zeros(S.CTL_WORDS + 8, np.int64)
         off = (-address(raw) % _ALIGN) // 8
         self._ctl = raw[off:off + S.CTL_WORDS]   # 64-byte aligned control words
+        self._ctl[S.KFN:S.KFN + 3] = kernel_table()
         self._epoch = 0
         self._scratch = np.empty(0, np.uint8)
         self._keep: tuple = ()
@@ -246,30 +247,27 @@ class ExpertPool:
         if self._closed:
             raise RuntimeError("the pool is closed")
         with self._run_lock:
+            ctl = self._ctl
             while True:
-                base = address(self._scratch)
-                base += -base % _ALIGN
-                cap = self._scratch.size - _ALIGN
-                total, tiles, groups = S.prepare(plan, owner, self.threads_total, base, cap, self.pipeline)
-                if total <= cap:
+                short, tiles, groups, parked = S.launch(ctl, self._epoch + 1, plan, owner, self.threads_total,
+                                                        self._scratch, self.pipeline)
+                if short == 0:
                     break
-                self._scratch = np.empty(int(total * 1.25) + 2 * _ALIGN, np.uint8)
-            self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
+                self._scratch = np.empty(int(short * 1.25), np.uint8)
             self._epoch += 1
-            ctl, nt = self._ctl, tiles.shape[0]
-            parked = S.publish(ctl, self._epoch, address(plan), plan.shape[0], address(tiles), nt,
-                               address(groups), groups.size // S.GF)
+            self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
             if parked > 0:
                 with self._cv:
                     self._cv.notify_all()
-            if self.host:
-                st, _, i = S.step(ctl, self._epoch, -1, self.spin_ticks, False)
-                while st == S.ST_BLOCKED:
-                    os.sched_yield()
-                    st, _, i = S.step(ctl, self._epoch, i, self.spin_ticks, False)
-            if not S.wait_done(ctl, nt, self.spin_ticks, False):
+            nt = tiles.shape[0]
+            epoch = self._epoch if self.host else -1
+            st, _, i = S.step(ctl, epoch, -1, self.spin_ticks, False)
+            while st == S.ST_BLOCKED:
+                os.sched_yield()
+                st, _, i = S.step(ctl, epoch, i, self.spin_ticks, False)
+            if st == S.ST_PARK:
                 self._done.clear()
-                if not S.wait_done(ctl, nt, 0, True):
+                if not S.park_host(ctl, nt):
                     while S.ctl_load(ctl, S.DONE) < nt:
                         self._done.wait(0.01)
                         self._done.clear()

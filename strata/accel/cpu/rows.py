@@ -16,7 +16,7 @@ Legend: T tokens, N rows, B blocks per row.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
 
 from strata.accel.cpu import decode as D
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
@@ -32,30 +32,46 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 16, 17, 18, 19, 21, 22, 23, 29
 
 
+WS_FIXED = 1024 + 64 + 64   # workspace bytes besides the scales: codes, aux, acc
+
+
+def workspace(nbytes: int = 64 << 10) -> np.ndarray:
+    """A kernel workspace (the pool gives each thread one per batch; a call whose scales do not fit allocates)."""
+    return np.empty(nbytes, np.uint8)
+
+
 @njit(nogil=True, cache=True)
-def act_scales(a, arow, T, nba, ab):
-    """Each activation block's scale (and Q8_1's s) as float32, [T, Ba] each: ab is the activation block size,
-    34 (Q8_0, fp16 d), 36 (Q8_1, fp16 d and s) or 292 (Q8_K, f32 d)."""
-    dy = np.empty(T * nba, np.float32)
-    sy = np.zeros(T * nba, np.float32)
+def _carve(ws, T, nba):
+    """Views of a workspace: codes int16[512], aux int32[16], acc f32[MAXT], dy/sy f32[T·Ba]."""
+    need = WS_FIXED + 8 * T * nba
+    if ws.size < need:
+        ws = np.empty(need, np.uint8)
+    codes = ws[0:1024].view(np.int16)
+    aux = ws[1024:1088].view(np.int32)
+    acc = ws[1088:1120].view(np.float32)
+    dy = ws[WS_FIXED:WS_FIXED + 4 * T * nba].view(np.float32)
+    sy = ws[WS_FIXED + 4 * T * nba:need].view(np.float32)
+    return codes, aux, acc, dy, sy
+
+
+@njit(nogil=True, cache=True)
+def act_scales(a, arow, T, nba, ab, dy, sy):
+    """Each activation block's scale (and Q8_1's s) as float32 into dy/sy [T, Ba]: ab is the activation block
+    size, 34 (Q8_0, fp16 d), 36 (Q8_1, fp16 d and s) or 292 (Q8_K, f32 d)."""
     for t in range(T):
         for b in range(nba):
             ao = t * arow + ab * b
             dy[t * nba + b] = ld_f32(a, ao) if ab == 292 else f16_at(a, ao)
-            if ab == 36:
-                sy[t * nba + b] = f16_at(a, ao + 2)
-    return dy, sy
+            sy[t * nba + b] = f16_at(a, ao + 2) if ab == 36 else _F0
 
 
 @njit(inline="always")
-def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt):
+def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
     """The row loop shared by every quantised type; `blk` adds one weight block's values to acc[:T].
-    bs weight block bytes, ab activation block bytes, apb activation blocks per weight block."""
+    bs weight block bytes, ab activation block bytes, apb activation blocks per weight block; ws a workspace."""
     nba = wrow // bs * apb
-    dy, sy = act_scales(a, arow, T, nba, ab)
-    codes = np.empty(512, np.int16)   # int8 codes or int16 scale·code products (decode.py)
-    aux = np.empty(16, np.int32)
-    acc = np.zeros(MAXT, np.float32)
+    codes, aux, acc, dy, sy = _carve(ws, T, nba)   # codes: int8 codes or int16 scale·code products (decode.py)
+    act_scales(a, arow, T, nba, ab, dy, sy)
     for r in range(r0, r1):
         for t in range(T):
             acc[t] = _F0
@@ -121,24 +137,24 @@ def blk_q8_1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)
 
 
 @njit(nogil=True, cache=True)
-def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64); the type passed as a constant per branch."""
     if qt == Q8_0:
-        _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0)
+        _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0, ws)
     elif qt == Q4_0:
-        _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0)
+        _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0, ws)
     elif qt == Q5_0:
-        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0)
+        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0, ws)
     elif qt == IQ4_NL:
-        _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_NL)
+        _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_NL, ws)
     elif qt == MXFP4:
-        _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, MXFP4)
+        _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, MXFP4, ws)
     elif qt == Q2_0:
-        _loop(blk_q2_0, 18, 34, 2, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_0)
+        _loop(blk_q2_0, 18, 34, 2, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_0, ws)
     elif qt == Q4_1:
-        _loop(blk_q8_1, 20, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_1)
+        _loop(blk_q8_1, 20, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_1, ws)
     else:
-        _loop(blk_q8_1, 24, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_1)
+        _loop(blk_q8_1, 24, 36, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_1, ws)
 
 
 # --- blocks with Q8_K activations (292 bytes: f32 d | qs[256] | bsums[16]) -------------------------------------
@@ -200,6 +216,21 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
 
 
 @njit(inline="always")
+def blk_grid1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # one token: fused grid dots, same formula
+    if qt == IQ2_XXS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xxs(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ2_XS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xs(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ2_S:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_s(w, o, a, 292 * b, codes)) * _F0125
+    elif qt == IQ3_XXS:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_xxs(w, o, a, 292 * b, codes)) * _F025
+    else:
+        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_s(w, o, a, 292 * b, codes))
+    acc[0] += bv
+
+
+@njit(inline="always")
 def blk_iq1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·(f(s1) + 0.125·f(s2))
     if qt == IQ1_S:
         D.dec_iq1_s(w, o, codes, aux)
@@ -230,35 +261,50 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 
 
 @njit(nogil=True, cache=True)
-def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
     if qt == Q4_K:
-        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K)
+        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K, ws)
     elif qt == Q5_K:
-        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K)
+        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K, ws)
     elif qt == Q2_K:
-        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K)
+        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K, ws)
     elif qt == Q6_K:
-        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q6_K)
+        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q6_K, ws)
     elif qt == Q3_K:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K)
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
     elif qt == IQ3_S:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S)
+        if T == 1:
+            _loop(blk_grid1, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
+        else:
+            _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
     elif qt == IQ2_XXS:
-        _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS)
+        if T == 1:
+            _loop(blk_grid1, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
+        else:
+            _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
     elif qt == IQ2_XS:
-        _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS)
+        if T == 1:
+            _loop(blk_grid1, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
+        else:
+            _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
     elif qt == IQ2_S:
-        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S)
+        if T == 1:
+            _loop(blk_grid1, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
+        else:
+            _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
     elif qt == IQ3_XXS:
-        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS)
+        if T == 1:
+            _loop(blk_grid1, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+        else:
+            _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
     elif qt == IQ4_XS:
-        _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS)
+        _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS, ws)
     elif qt == IQ1_S:
-        _loop(blk_iq1, 50, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_S)
+        _loop(blk_iq1, 50, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_S, ws)
     else:
-        _loop(blk_iq1, 56, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_M)
+        _loop(blk_iq1, 56, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ1_M, ws)
 
 
 @njit(inline="always")
@@ -272,12 +318,23 @@ def _fval(qt, buf, off):
 
 
 @njit(nogil=True, cache=True)
-def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
+def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """F32/F16/BF16 (``ggml_vec_dot_f16`` & co.): y = f32(Σ_k f64(f32(w_k·a_k))), k in order, from +0.0."""
     es = 4 if qt == F32_T else 2
     k = wrow // es
-    acc = np.zeros(MAXT, np.float64)
-    for r in range(r0, r1):
+    acc = ws[0:8 * MAXT].view(np.float64)
+    r = r0
+    while T == 1 and r + 4 <= r1:   # one token: four rows' sums side by side (four dependency chains, same order)
+        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
+        for i in range(k):
+            av = _fval(qt, a, es * i)
+            s0 += np.float64(_fval(qt, w, r * wrow + es * i) * av)
+            s1 += np.float64(_fval(qt, w, (r + 1) * wrow + es * i) * av)
+            s2 += np.float64(_fval(qt, w, (r + 2) * wrow + es * i) * av)
+            s3 += np.float64(_fval(qt, w, (r + 3) * wrow + es * i) * av)
+        out[r], out[r + 1], out[r + 2], out[r + 3] = np.float32(s0), np.float32(s1), np.float32(s2), np.float32(s3)
+        r += 4
+    for r in range(r, r1):
         for t in range(T):
             acc[t] = 0.0
         for i in range(k):
@@ -288,16 +345,44 @@ def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
             out[t * ostride + r] = np.float32(acc[t])
 
 
-@njit(nogil=True, cache=True)
-def matmul_rows(qt, w, wrow, r0, r1, a, arow, T, out, ostride):
-    """Dispatch on the ggml type id (callers checked it is supported): the pool's entry to the kernels."""
+def _c_q8_0(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_q8_0(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+def _c_q8_k(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_q8_k(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+def _c_float(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
+    rows_float(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
+               carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
+
+
+_CSIG = types.void(types.int64, types.voidptr, *[types.int64] * 4, types.voidptr, *[types.int64] * 3, types.voidptr,
+                   types.int64, types.int64, types.voidptr, types.int64)   # see _llvm.call_rows
+_TABLE: tuple | None = None
+
+
+def kernel_table() -> np.ndarray:
+    """C entry points of the families [Q8_0/Q8_1, Q8_K, float] as addresses, compiled (or loaded) once."""
+    global _TABLE
+    if _TABLE is None:
+        fns = [cfunc(_CSIG, cache=True)(f) for f in (_c_q8_0, _c_q8_k, _c_float)]
+        _TABLE = (np.array([f.address for f in fns], np.int64), fns)   # the cfunc objects keep the code alive
+    return _TABLE[0]
+
+
+@njit(inline="always")
+def family_index(qt):
+    """0: Q8_0/Q8_1 activations, 1: Q8_K, 2: float (the order of kernel_table)."""
     if qt == Q4_0 or qt == Q4_1 or qt == Q5_0 or qt == Q5_1 or qt == Q8_0 or qt == IQ4_NL or qt == MXFP4 \
             or qt == Q2_0:
-        rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
-    elif qt == F32_T or qt == F16_T or qt == BF16_T:
-        rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
-    else:
-        rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride)
+        return 0
+    if qt == F32_T or qt == F16_T or qt == BF16_T:
+        return 2
+    return 1
 
 
 def family(qtype: int):
