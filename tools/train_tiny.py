@@ -1,6 +1,6 @@
 """Train strata-tiny: a qwen3moe of ~5 M parameters on the CPython standard library's sources (PSF licence).
 
-    python tools/train_tiny.py --out /work/scratch/strata-tiny [--steps 400] [--resume]
+    python tools/train_tiny.py --out /work/scratch/strata-tiny [--steps 640] [--resume]
 
 Deterministic: fixed seeds, `torch.use_deterministic_algorithms(True)`, 2 threads, a data order that is a pure
 function of (seed, step), so a resumed run equals an uninterrupted one. The text is `strata.synth.corpus`'s
@@ -122,7 +122,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="scratch directory for data, checkpoints and final.pt")
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=640)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
