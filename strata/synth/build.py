@@ -23,7 +23,9 @@ from strata.synth.presets import GGML, ModelShape
 
 FLOAT_MODE_MAX_WEIGHTS = 64_000_000   # above this many weights in a tensor, write random quantised blocks
 EMBD_BIAS_FRACTION = 0.5              # channel 0 of every embedding = this × sqrt(D) (see router.py)
-DEFAULT_SKEW = 0.8                    # Zipf exponent of expert popularity (see presets/README: measured skew)
+# Zipf exponent of expert popularity: the mean fitted exponent of strata-tiny, our model trained on real text
+# (strata/data/MODEL_CARD.md, "Routing statistics": 0.91 over its 4 layers, 0.71-1.25 per layer)
+DEFAULT_SKEW = 0.9
 
 
 # GGUF value types llama.cpp expects for tokenizer keys whose Python value does not say (llama-vocab.cpp)
