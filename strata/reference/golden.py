@@ -112,7 +112,7 @@ def synth_models(directory: str = GOLDEN_DIR) -> list[str]:
     out = []
     for name in MODELS:
         p = os.path.join(directory, name + ".gguf")
-        synthesise(PRESETS[name], p, seed=0, skew=GOLDEN_SKEW, name=name)
+        synthesise(PRESETS[name], p, seed=0, skew=GOLDEN_SKEW, name=name, isolate=False)
         out.append(p)
     return out
 

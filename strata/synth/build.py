@@ -87,11 +87,15 @@ def role_of(name: str) -> tuple[str, int | None]:
     return table[base], layer
 
 
+READERS = ("attn_q", "attn_k", "attn_v", "exp_gate", "exp_up", "shexp", "output")   # roles that read the residual
+
+
 @dataclass
 class Synth:
     shape: ModelShape
     seed: int = 0
     skew: float = DEFAULT_SKEW
+    isolate: bool = True     # channel 0 feeds the router alone (False: the scheme the golden tiny models used)
 
     def __post_init__(self):
         self.cfg = shape_config(self.shape)
@@ -119,7 +123,15 @@ class Synth:
         elif role == "router":                                         # [E, D]: column 0 is the expert bias
             x *= zipf.NOISE_STD
             x[:, 0] = zipf.expert_bias(shape[0], self.cfg.n_expert_used, self.skew, rng, self.gamma) / self._h0()
+        if self.isolate and self._reads_residual(name, role) and not name.endswith("ffn_down_shexp.weight"):
+            # no other reader sees the constant channel: otherwise it leaks a constant into every layer's hidden
+            # state, which gives each expert a fixed logit offset and skews routing on its own
+            x[..., 0] = 0.0
         return x
+
+    @staticmethod
+    def _reads_residual(name: str, role: str) -> bool:
+        return role in READERS or name.endswith("ffn_gate_inp_shexp.weight")
 
     def _h0(self) -> float:
         """Typical normed channel 0 after an FFN norm: c / rms(x) with the embedding's own rms."""
@@ -168,19 +180,23 @@ class Synth:
         per = int(np.prod(shape[-2:])) // q.block_size                # blocks per expert (or per matrix)
         row_blocks = shape[-1] // q.block_size
         scale = 1.0 / np.sqrt(shape[-1])
-        zero_row0 = role_of(name)[0] in ("attn_output", "exp_down") or name.endswith("ffn_down_shexp.weight")
+        role = role_of(name)[0]
+        zero_row0 = role in ("attn_output", "exp_down") or name.endswith("ffn_down_shexp.weight")
+        zero_col0 = self.isolate and self._reads_residual(name, role) and not zero_row0
         rng = self.rng(name)
         for _ in range(shape[0] if len(shape) == 3 else 1):
             b = q.random_blocks(rng, per, scale)
             if zero_row0:
                 b[:row_blocks] = 0                                   # all-zero bytes dequantise to 0 in every type
+            if zero_col0:      # a quantised row cannot zero one weight: its first block goes (channels 0..Q-1)
+                b.reshape(-1, row_blocks, q.type_size)[:, 0] = 0
             yield b
 
 
 def synthesise(shape: ModelShape, out: str, *, seed: int = 0, skew: float = DEFAULT_SKEW, name: str = "",
-               tokenizer_meta: dict | None = None, progress: bool = False) -> int:
+               tokenizer_meta: dict | None = None, progress: bool = False, isolate: bool = True) -> int:
     """Write `shape` to `out`; returns the file size. `tokenizer_meta` = the tokenizer.* GGUF keys."""
-    s = Synth(shape, seed, skew)
+    s = Synth(shape, seed, skew, isolate)
     cfg = s.cfg
     w = GGUFWriter(shape.arch)
     w.add("general.name", name or f"strata-synth-{shape.arch}")
