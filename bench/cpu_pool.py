@@ -3,7 +3,7 @@ worker count, and CPU-only prefill/decode of a synthesised model beside llama.cp
 
 python bench/cpu_pool.py [--types Q4_K,Q8_0,...] [--tokens 1,2,4,8] [--workers 0,1,3,7,15] [--experts 64]
                          [--preset olmoe-1b-7b --layers 4 | --model X.gguf] [--prompt-tokens 64] [--decode 32]
-                         [--llama-python /work/llama-venv/bin/python] [--rounds 3] [--json out.json]
+                         [--llama-python VENV/bin/python] [--rounds 3] [--json out.json]
 
 Every figure is the median of interleaved rounds (each round runs every configuration once, in the same order;
 pools sleep past their spin window between runs so one pool's spinning never steals another's cores). Expert
@@ -214,8 +214,9 @@ def main():
     ap.add_argument("--layers", type=int, default=0, help="layers of the synthesised model (0: the preset's)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python",
-                    help="an interpreter that can import llama_cpp (llama-cpp-python built from source, CPU)")
+    ap.add_argument("--llama-python", default="",
+                    help="an interpreter that can import llama_cpp (llama-cpp-python built from source, CPU; "
+                         "tools/build_llama_cpp.sh); without it the llama.cpp column is skipped")
     ap.add_argument("--llama-path", help="folder holding llama_cpp/ (and diskcache/) to add to its PYTHONPATH")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: bandwidth,experts,model")

@@ -3,12 +3,12 @@
 # OUTSIDE the repo, and unpack the same sdist's sources (ggml's C code, read by oracle scripts).
 # Used by golden/oracle/*/make_oracle.py through ctypes on libggml. ~6 min on 2 idle cores (40 min when
 # the machine is shared).
-# Usage: tools/build_llama_cpp.sh [VENV_DIR] [SRC_DIR]   (defaults /work/llama-venv, /work/llama-src)
+# Usage: tools/build_llama_cpp.sh [VENV_DIR] [SRC_DIR]   (defaults ./.llama-venv, ./.llama-src)
 # On success touches $VENV/READY (other scripts wait on that file).
 # Libraries: $VENV/lib/python3.11/site-packages/llama_cpp/lib/{libggml-base,libggml-cpu,libggml,libllama}.so
 set -euo pipefail
-VENV="${1:-/work/llama-venv}"
-SRC="${2:-/work/llama-src}"
+VENV="${1:-.llama-venv}"
+SRC="${2:-.llama-src}"
 VERSION=0.3.36   # the version the committed oracle fixtures were made with
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install numpy gguf

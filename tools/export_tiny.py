@@ -1,6 +1,6 @@
 """Write strata-tiny's GGUFs from a training run's final.pt, through our own writer (`strata.gguf_writer`).
 
-    python tools/export_tiny.py --ckpt /work/scratch/strata-tiny/final.pt [--out-dir strata/data]
+    python tools/export_tiny.py --ckpt CKPT_DIR/final.pt [--out-dir strata/data]
 
 Two files: `strata-tiny.Q8_0.gguf` (every 2-D weight Q8_0, exactly ggml-encodable: our Q8_0 encoder is ggml's
 `quantize_row_q8_0_ref`) and `strata-tiny.Q4_K.gguf` (llama.cpp's Q4_K_M-like mix where rows allow it: Q4_K

@@ -1,6 +1,6 @@
 """Train strata-tiny: a qwen3moe of ~5 M parameters on the CPython standard library's sources (PSF licence).
 
-    python tools/train_tiny.py --out /work/scratch/strata-tiny [--steps 640] [--resume]
+    python tools/train_tiny.py --out CKPT_DIR [--steps 640] [--resume]
 
 Deterministic: fixed seeds, `torch.use_deterministic_algorithms(True)`, 2 threads, a data order that is a pure
 function of (seed, step), so a resumed run equals an uninterrupted one. The text is `strata.synth.corpus`'s

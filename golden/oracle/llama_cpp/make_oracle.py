@@ -3,7 +3,7 @@ for the golden models (quantised, mixed types) and the converter's F32 models of
 
 Run on demand, from the repository root (about 5 seconds):
 
-    python golden/oracle/llama_cpp/make_oracle.py [--llama-python /work/llama-venv/bin/python]
+    python golden/oracle/llama_cpp/make_oracle.py --llama-python VENV/bin/python
 
 The llama.cpp part runs in the interpreter given by --llama-python (llama-cpp-python 0.3.36 built from its
 source distribution, CPU); this interpreter only adds Strata's own tokenization next to llama.cpp's, for the
@@ -106,7 +106,7 @@ def provenance(version: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--llama-python", required=True, help="VENV/bin/python of tools/build_llama_cpp.sh")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:

@@ -34,8 +34,8 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = "/work/llama-venv/lib/python3.11/site-packages/llama_cpp/lib"
-DEFAULT_SRC = "/work/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp"
+DEFAULT_LIB = ".llama-venv/lib/python3.11/site-packages/llama_cpp/lib"   # tools/build_llama_cpp.sh defaults
+DEFAULT_SRC = ".llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 # ggml type ids (ggml.h enum ggml_type) and the generic dot's symbol suffix
 TYPES = {

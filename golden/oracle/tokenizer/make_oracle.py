@@ -1,6 +1,6 @@
 """Regenerate the llama.cpp tokenizer oracle (golden/oracle/tokenizer/oracle.json.gz).
 
-    python golden/oracle/tokenizer/make_oracle.py [--llama-python /work/llama-venv/bin/python] [--retrain]
+    python golden/oracle/tokenizer/make_oracle.py --llama-python VENV/bin/python [--retrain]
 
 Writes one vocabulary-only GGUF per configuration in CONFIGS (tokenizer keys from strata.synth.bpe plus the
 minimal `llama` hyper-parameters llama.cpp's loader requires), then runs llama.cpp (llama-cpp-python's
@@ -252,7 +252,7 @@ def worker(job_path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--llama-python", required=True, help="VENV/bin/python of tools/build_llama_cpp.sh")
     ap.add_argument("--retrain", action="store_true", help="retrain the stored 4k vocabularies first")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()

