@@ -74,3 +74,19 @@ class Sampler:
         probs /= probs.sum()
         u = self.rng.random()
         return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="right")), len(ids) - 1)])
+
+
+def add_cli_args(p) -> None:
+    """The sampling flags every `generate` command takes (argparse)."""
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--temp", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def from_cli_args(a) -> SamplingParams:
+    return SamplingParams(temperature=0.0 if a.greedy else a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                          repeat_penalty=a.repeat_penalty, seed=a.seed)

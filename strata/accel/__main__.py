@@ -12,6 +12,7 @@ import sys
 import time
 
 from strata.gguf_file import GGUFError
+from strata.sampling import add_cli_args
 
 
 def parse_bytes(text: str) -> int:
@@ -55,13 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chunk", type=int, help="prompt chunk tokens (default: planned)")
     g.add_argument("--pool-workers", type=int, help="CPU expert-pool workers (default: the machine's cores - 1)")
     g.add_argument("--stats", action="store_true", help="timing lines, expert-cache hit rate, streamed bytes")
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temp", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    add_cli_args(g)
     return ap
 
 

@@ -6,12 +6,7 @@ import sys
 import time
 
 from strata import models
-from strata.sampling import Sampler, SamplingParams
-
-
-def sampling_from(a) -> SamplingParams:
-    return SamplingParams(temperature=0.0 if a.greedy else a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
-                          repeat_penalty=a.repeat_penalty, seed=a.seed)
+from strata.sampling import Sampler, from_cli_args
 
 
 def model_path(a) -> str:
@@ -30,46 +25,34 @@ def timing_lines(prompt_n, prompt_s, gen_n, gen_s, ttft_s) -> list[str]:
     return out
 
 
-def run_gpu(a, dev) -> int:
-    from strata import policy, routing_trace
-    from strata.accel.engine import GpuEngine
+def prepare(a):
+    """The model, its tokenizer, the prompt's ids and the context for a `generate` run (shared by both devices)."""
     from strata.tokenizer import Tokenizer
 
     m = models.load(model_path(a))
     tok = Tokenizer.from_metadata(m.metadata)
     ids = tok.encode(a.prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
     n_ctx = a.ctx or max(512, len(ids) + a.n + 8)
     if len(ids) + a.n > n_ctx:
         raise ValueError(f"the prompt ({len(ids)} tokens) plus -n {a.n} exceeds the context of {n_ctx} (--ctx)")
-    order = None
-    if a.expert_profile:
-        head, counts = routing_trace.profile(a.expert_profile)
-        if (head["n_layer"], head["n_expert"]) != (m.cfg.n_layer, m.cfg.n_expert):
-            raise ValueError(f"--expert-profile is a trace of another model shape ({head['n_layer']} layers x "
-                             f"{head['n_expert']} experts)")
-        order = routing_trace.hottest_first(counts, m.cfg.n_layer, m.cfg.n_expert)
-    t_load = time.perf_counter()
-    eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
-                    reserve_mib=a.vram_reserve_mib, chunk=a.chunk, profile_order=order,
-                    config=policy.from_process(), log=note if a.stats else None)
-    if a.stats:
-        note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")
-    writer = None
-    if a.dump_routing:
-        writer = routing_trace.RoutingWriter(a.dump_routing, m)
-        eng.on_routing = writer.layer
-        writer.bind(eng)
-    sampler = Sampler(sampling_from(a))
+    return m, tok, ids, n_ctx
+
+
+def stream_generate(a, tok, ids, prefill, decode) -> list[int]:
+    """Write the prompt, prefill, then sample and decode, streaming the text; then the timing lines.
+    `prefill(ids)` and `decode(token)` return the next token's logits [V]."""
+    sampler = Sampler(from_cli_args(a))
     out = sys.stdout
     out.write(a.prompt)
     out.flush()
     t0 = time.perf_counter()
-    logits = eng.prefill(ids)
+    logits = prefill(ids)
     t_prompt = time.perf_counter() - t0
-    hist, gen = list(ids), []
+    hist, gen, ttft = list(ids), [], None
     stream = tok.stream()
     t1 = time.perf_counter()
-    ttft = None
     for i in range(a.n):
         t = sampler(logits, hist)
         if ttft is None:
@@ -81,17 +64,59 @@ def run_gpu(a, dev) -> int:
         out.write(stream.feed(t))
         out.flush()
         if i + 1 < a.n:
-            logits = eng.decode([t])[-1]
+            logits = decode(t)
     out.write(stream.flush() + "\n")
     t_gen = time.perf_counter() - t1
-    if writer:
-        writer.close()
+    for line in timing_lines(len(ids), t_prompt, max(0, len(gen) - 1), t_gen, ttft or t_prompt):
+        note(line)
+    return gen
+
+
+def run_gpu(a, dev) -> int:
+    from strata import policy, routing_trace
+    from strata.accel.engine import GpuEngine
+
+    m, tok, ids, n_ctx = prepare(a)
+    order = None
+    if a.expert_profile:
+        head, counts = routing_trace.profile(a.expert_profile)
+        if (head["n_layer"], head["n_expert"]) != (m.cfg.n_layer, m.cfg.n_expert):
+            raise ValueError(f"--expert-profile is a trace of another model shape ({head['n_layer']} layers x "
+                             f"{head['n_expert']} experts)")
+        order = routing_trace.hottest_first(counts, m.cfg.n_layer, m.cfg.n_expert)
+    pool = None
+    try:
+        from strata.accel.cpu.pool import ExpertPool, default_workers
+
+        workers = a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1)
+        pool = ExpertPool(workers)
+    except ImportError:        # a build without the CPU backend: the GPU streams every miss
+        pass
+    t_load = time.perf_counter()
+    eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
+                    reserve_mib=a.vram_reserve_mib, chunk=a.chunk, profile_order=order,
+                    config=policy.from_process(), log=note if a.stats else None, pool=pool)
+    if a.stats:
+        note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")
+    writer = None
+    if a.dump_routing:
+        writer = routing_trace.RoutingWriter(a.dump_routing, m)
+        eng.on_routing = writer.layer
+        writer.bind(eng)
+    try:
+        stream_generate(a, tok, ids, eng.prefill, lambda t: eng.decode([t])[-1])
+    finally:
+        if writer:
+            writer.close()
+        if pool is not None:
+            pool.close()
     if a.stats:
         s = eng.stats
-        for line in timing_lines(len(ids), t_prompt, max(0, len(gen) - 1), t_gen, ttft or t_prompt):
-            note(line)
         note(f"expert cache: {eng.cache.n_resident()} resident, decode hit rate {100 * s.hit_rate:.1f}% "
              f"({s.hits} of {s.lookups}); streamed {s.streamed_experts} experts, {s.streamed_bytes / 2**20:.1f} MiB")
+        if eng.cpu_block is not None:
+            cb = eng.cpu_block.stats
+            note(f"cpu pool: {cb['cpu_experts']} experts in {cb['shared_layers']} layers; share {eng.share.mode.value}")
     return 0
 
 

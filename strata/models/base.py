@@ -109,6 +109,32 @@ def meta_get(meta: dict, arch: str, key: str, default=None, *, required=True):
     raise InconsistentConfig(f"{arch}: metadata key {full} is missing")
 
 
+def read_config(gf: GGUFFile, arch: str, *, rope_base: float, rope_neox: bool, qk_norm: QKNorm, routing: Routing,
+                qkv_bias: bool = False, shared_expert: bool = False) -> MoEConfig:
+    """The hyperparameters every architecture here stores under the same `{arch}.*` keys (llama.cpp's
+    `llm_load_hparams`); the architecture file passes what llama.cpp hard-codes for it."""
+    m = gf.metadata
+    D = meta_get(m, arch, "embedding_length")
+    H = meta_get(m, arch, "attention.head_count")
+    hd = meta_get(m, arch, "attention.key_length", D // H)      # Qwen3: 128 even where D/H differs
+    # the expert size: expert_feed_forward_length, or feed_forward_length where converters put it there
+    # (Mixtral, OLMoE: notes/tooling.md §2.2)
+    F = meta_get(m, arch, "expert_feed_forward_length", None, required=False) or \
+        meta_get(m, arch, "feed_forward_length")
+    return MoEConfig(
+        arch=arch, n_layer=meta_get(m, arch, "block_count"), n_embd=D, n_head=H,
+        n_head_kv=meta_get(m, arch, "attention.head_count_kv", H), head_dim=hd,
+        n_rot=meta_get(m, arch, "rope.dimension_count", hd),
+        n_expert=meta_get(m, arch, "expert_count"), n_expert_used=meta_get(m, arch, "expert_used_count"),
+        n_ff_exp=F, n_vocab=vocab_size(gf, arch), n_ctx_train=meta_get(m, arch, "context_length"),
+        rope_base=meta_get(m, arch, "rope.freq_base", rope_base),
+        rms_eps=meta_get(m, arch, "attention.layer_norm_rms_epsilon"), rope_neox=rope_neox, qk_norm=qk_norm,
+        routing=routing, qkv_bias=qkv_bias,
+        n_ff_shexp=meta_get(m, arch, "expert_shared_feed_forward_length", F) if shared_expert else 0,
+        tied_output="output.weight" not in gf.tensors,
+    )
+
+
 def vocab_size(gf: GGUFFile, arch: str) -> int:
     """The tokenizer's size where it has one (llama.cpp's n_vocab), else `{arch}.vocab_size`, else the
     embedding's row count."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from strata.gguf_file import GGUFFile
 from strata.models import common
-from strata.models.base import MoEConfig, QKNorm, Routing, UnsupportedArchitecture, meta_get, vocab_size
+from strata.models.base import MoEConfig, QKNorm, Routing, read_config, UnsupportedArchitecture, meta_get
 
 ARCH = "llama"
 
@@ -19,23 +19,8 @@ def config_from_gguf(gf: GGUFFile) -> MoEConfig:
     if "blk.0.ffn_gate.0.weight" in gf.tensors:
         raise UnsupportedArchitecture(f"{gf.path}: experts stored one tensor each (blk.N.ffn_gate.E.weight, "
                                       f"the pre-2024 Mixtral layout); re-convert with a current llama.cpp")
-    D = meta_get(m, ARCH, "embedding_length")
-    H = meta_get(m, ARCH, "attention.head_count")
-    hd = meta_get(m, ARCH, "attention.key_length", D // H)
-    return MoEConfig(
-        arch=ARCH, n_layer=meta_get(m, ARCH, "block_count"), n_embd=D, n_head=H,
-        n_head_kv=meta_get(m, ARCH, "attention.head_count_kv", H), head_dim=hd,
-        n_rot=meta_get(m, ARCH, "rope.dimension_count", hd),
-        n_expert=meta_get(m, ARCH, "expert_count"), n_expert_used=meta_get(m, ARCH, "expert_used_count"),
-        # Mixtral GGUFs carry the expert size in feed_forward_length (llama.cpp: n_ff_exp = n_ff)
-        n_ff_exp=meta_get(m, ARCH, "expert_feed_forward_length", None, required=False)
-        or meta_get(m, ARCH, "feed_forward_length"),
-        n_vocab=vocab_size(gf, ARCH),
-        n_ctx_train=meta_get(m, ARCH, "context_length"), rope_base=meta_get(m, ARCH, "rope.freq_base", 1e4),
-        rms_eps=meta_get(m, ARCH, "attention.layer_norm_rms_epsilon"), rope_neox=False,
-        qk_norm=QKNorm.NONE, routing=Routing.SOFTMAX_TOPK_RENORM,
-        tied_output="output.weight" not in gf.tensors,
-    )
+    return read_config(gf, ARCH, rope_base=1e4, rope_neox=False, qk_norm=QKNorm.NONE,
+                       routing=Routing.SOFTMAX_TOPK_RENORM)
 
 
 def tensor_specs(cfg: MoEConfig) -> tuple[dict, dict]:

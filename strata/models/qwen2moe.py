@@ -7,30 +7,14 @@ from __future__ import annotations
 
 from strata.gguf_file import GGUFFile
 from strata.models import common
-from strata.models.base import MoEConfig, QKNorm, Routing, meta_get, vocab_size
+from strata.models.base import MoEConfig, QKNorm, Routing, read_config
 
 ARCH = "qwen2moe"
 
 
 def config_from_gguf(gf: GGUFFile) -> MoEConfig:
-    m = gf.metadata
-    D = meta_get(m, ARCH, "embedding_length")
-    H = meta_get(m, ARCH, "attention.head_count")
-    hd = meta_get(m, ARCH, "attention.key_length", D // H)
-    F = meta_get(m, ARCH, "expert_feed_forward_length")
-    return MoEConfig(
-        arch=ARCH, n_layer=meta_get(m, ARCH, "block_count"), n_embd=D, n_head=H,
-        n_head_kv=meta_get(m, ARCH, "attention.head_count_kv", H), head_dim=hd,
-        n_rot=meta_get(m, ARCH, "rope.dimension_count", hd),
-        n_expert=meta_get(m, ARCH, "expert_count"), n_expert_used=meta_get(m, ARCH, "expert_used_count"),
-        n_ff_exp=F, n_vocab=vocab_size(gf, ARCH),
-        n_ctx_train=meta_get(m, ARCH, "context_length"), rope_base=meta_get(m, ARCH, "rope.freq_base", 1e6),
-        rms_eps=meta_get(m, ARCH, "attention.layer_norm_rms_epsilon"), rope_neox=True,
-        qk_norm=QKNorm.NONE, routing=Routing.SOFTMAX_TOPK, qkv_bias=True,
-        n_ff_shexp=meta_get(m, ARCH, "expert_shared_feed_forward_length", F),
-        tied_output="output.weight" not in gf.tensors,
-    )
-
+    return read_config(gf, ARCH, rope_base=1e6, rope_neox=True, qk_norm=QKNorm.NONE, routing=Routing.SOFTMAX_TOPK,
+                       qkv_bias=True, shared_expert=True)
 
 def tensor_specs(cfg: MoEConfig) -> tuple[dict, dict]:
     req, opt = common.standard_tensors(cfg)

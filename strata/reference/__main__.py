@@ -15,23 +15,7 @@ import numpy as np
 
 from strata.gguf_file import GGUFError
 from strata.reference.linalg import Path
-
-
-def _add_sampling(p: argparse.ArgumentParser):
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--temp", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-
-
-def sampling_from(a):
-    from strata.sampling import SamplingParams
-
-    return SamplingParams(temperature=0.0 if a.greedy else a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
-                          repeat_penalty=a.repeat_penalty, seed=a.seed)
+from strata.sampling import add_cli_args, from_cli_args
 
 
 def cmd_logits(a) -> int:
@@ -62,7 +46,7 @@ def cmd_generate(a) -> int:
     if writer:
         writer.bind(eng)
     t0 = time.perf_counter()
-    out = eng.generate(ids, a.n, sampling_from(a), stop=tok.is_eog)
+    out = eng.generate(ids, a.n, from_cli_args(a), stop=tok.is_eog)
     dt = time.perf_counter() - t0
     print(a.prompt + tok.decode(out))
     print(f"reference: {len(ids)} prompt + {len(out)} generated tokens in {dt * 1e3:.0f} ms", file=sys.stderr)
@@ -108,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int)
     p.add_argument("--path", choices=[x.value for x in Path], default="float")
     p.add_argument("--dump-routing", metavar="FILE", help="write routed expert ids per chunk and layer (JSONL)")
-    _add_sampling(p)
+    add_cli_args(p)
     p = sub.add_parser("golden")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--check", action="store_true")

@@ -20,19 +20,10 @@ def _note(msg: str) -> None:
 def run_cpu(a) -> int:
     from strata.accel.cpu.ops import CpuEngine
     from strata.accel.cpu.pool import ExpertPool
-    from strata.accel.generate import model_path, sampling_from, timing_lines
-    from strata.sampling import Sampler
-    from strata.tokenizer import Tokenizer
+    from strata.accel.generate import prepare, stream_generate
 
     t_load = time.perf_counter()
-    m = models.load(model_path(a))
-    tok = Tokenizer.from_metadata(m.metadata)
-    ids = tok.encode(a.prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens")
-    n_ctx = a.ctx or max(512, len(ids) + a.n + 8)
-    if len(ids) + a.n > n_ctx:
-        raise ValueError(f"the prompt ({len(ids)} tokens) plus -n {a.n} exceeds the context of {n_ctx} (--ctx)")
+    m, tok, ids, n_ctx = prepare(a)
     pool = ExpertPool(getattr(a, "pool_workers", None))
     eng = CpuEngine(m, pool=pool, n_ctx=n_ctx)
     try:
@@ -40,32 +31,8 @@ def run_cpu(a) -> int:
         eng.reset()
         _note(f"load {time.perf_counter() - t_load:.1f} s: {m.cfg.arch}, {m.cfg.n_layer} layers, "
               f"{pool.workers} pool workers + host, pipeline {'on' if pool.pipeline else 'off'}")
-        sampler = Sampler(sampling_from(a))
-        out = sys.stdout
-        out.write(a.prompt)
-        out.flush()
-        t0 = time.perf_counter()
-        logits = eng.prefill(ids, chunk=getattr(a, "chunk", None), logits="last")[-1]
-        t_prompt = time.perf_counter() - t0
-        hist, gen, ttft = list(ids), [], None
-        stream = tok.stream()
-        t1 = time.perf_counter()
-        for i in range(a.n):
-            t = sampler(logits, hist)
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            gen.append(t)
-            hist.append(t)
-            if tok.is_eog(t):
-                break
-            out.write(stream.feed(t))
-            out.flush()
-            if i + 1 < a.n:
-                logits = eng.decode(t)
-        out.write(stream.flush() + "\n")
-        t_gen = time.perf_counter() - t1
-        for line in timing_lines(len(ids), t_prompt, max(0, len(gen) - 1), t_gen, ttft or t_prompt):
-            _note(line)
+        stream_generate(a, tok, ids, lambda ids: eng.prefill(ids, chunk=getattr(a, "chunk", None),
+                                                             logits="last")[-1], eng.decode)
     finally:
         eng.close()
         m.close()
