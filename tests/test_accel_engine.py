@@ -119,3 +119,25 @@ def test_parity_with_reference_and_residency(kind, name, prompts):
           f"{n} positions ({excluded} near-ties excluded)")
     assert max(kls) <= KL_MAX
     assert agree >= TOP1_MIN
+
+
+@pytest.mark.parametrize("kind", _devices())
+def test_adaptive_tier_moves_experts_without_changing_bits(kind):
+    """SPEC §7: during decode the tier admits hot experts into a small cache; the logits stay the bits of an
+    engine that holds every expert."""
+    m = models.load(golden.model_path("strata-tiny"))
+    outs, engines = [], []
+    for cache in (m.cfg.n_layer * m.cfg.n_expert // 4, None):
+        dev = make_device(kind)
+        try:
+            from strata.accel.engine import GpuEngine
+
+            e = GpuEngine(m, dev, n_ctx=160, expert_cache=cache)
+            e.prefill(list(range(40, 60)))
+            outs.append(np.concatenate([e.decode([t]) for t in range(60, 120)]))
+            engines.append(e)
+        finally:
+            dev.close()
+    small = engines[0]
+    assert small.stats.tier_moves > 0 and small.stats.hit_rate < 1.0
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

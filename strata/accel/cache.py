@@ -39,6 +39,11 @@ class ExpertCache:
     def n_resident(self) -> int:
         return int((self.slot_of >= 0).sum())
 
+    def free(self) -> int:
+        """Usable slots that hold no expert (nor one in flight)."""
+        pending = {s for _, s, _, _ in self._pending}
+        return sum(1 for s in range(self.usable) if self.owner[s] is None and s not in pending)
+
     @property
     def usable(self) -> int:
         return self.n_slots - self.lent
@@ -100,7 +105,8 @@ class ExpertCache:
         if not moves:
             return 0
         self.dev.copy.wait(after_event)
-        free = [s for s in range(self.usable) if self.owner[s] is None]
+        pending = {s for _, s, _, _ in self._pending}
+        free = [s for s in range(self.usable) if self.owner[s] is None and s not in pending]
         done = 0
         for m in moves:
             if m.victim is None:

@@ -32,12 +32,12 @@ class Stats:
     prompt_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
-    ttft_s: float = 0.0
     streamed_bytes: int = 0
     streamed_experts: int = 0
     sync_wait_s: float = 0.0   # host time blocked in routing syncs (the rest of a step is host work)
     lookups: int = 0           # routed (layer, expert) pairs during decode
     hits: int = 0              # of which resident
+    tier_moves: int = 0        # adaptive-tier admissions (SPEC §7)
     chunks: list = field(default_factory=list)
 
     @property
@@ -89,7 +89,9 @@ class GpuEngine:
             if self.share.by_default:
                 self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
                          "turns it off); the pool also takes decode misses")
-        self.types = [model.expert(l, 0).types for l in range(c.n_layer)]
+        self.types = self.arena.types
+        # the adaptive tier (SPEC §7): usage counted in decode, moves between rounds
+        self.tier = policy.TIERS.create(policy.TierKind.ADAPTIVE, c.n_layer, c.n_expert)
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
         self.sync_ev = dev.event()
         self.pos = 0
@@ -170,6 +172,11 @@ class GpuEngine:
         self._runner = ExpertRunner(self.dev, self.cfg, self.types, self.dbufs)
         self._ring, self._walk = self.dring, None
         logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
+        moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
+        if moves:                            # evict now; newcomers are resident once their copies land
+            ev = self.dev.event()
+            ev.record(self.dev.compute)
+            self.stats.tier_moves += self.cache.apply_moves(moves, self.arena, ev)
         self.stats.decode_tokens += len(tokens)
         self.stats.decode_s += time.perf_counter() - t0
         return logits
@@ -264,6 +271,7 @@ class GpuEngine:
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
             self.stats.hits += len(lay.resident)
+            self.tier.note(layer, ids.ravel().tolist())
         R = T * K
         slot_dev = k.upload(lay.slot, s)
         k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
