@@ -138,6 +138,14 @@ def random_bytes(rng: np.random.Generator, n_blocks: int, size: int) -> np.ndarr
     return words.view(np.uint8)[:n].reshape(n_blocks, size)
 
 
+def random_d_at_0(cls, rng: np.random.Generator, n_blocks: int, d: float) -> np.ndarray:
+    """Random code bytes with one fp16 scale `d` in bytes 0-1: the random_blocks of every type laid out as
+    `{ggml_half d; codes}`."""
+    blocks = random_bytes(rng, n_blocks, cls.type_size)
+    fill_f16(blocks, 0, d)
+    return blocks
+
+
 def f16_scale(d: float) -> np.float16:
     """A super-scale for random blocks as fp16, refusing values fp16 cannot hold."""
     with np.errstate(over="ignore"):

@@ -78,11 +78,7 @@ class IQ1_S(QuantType, qtype=19):
         out[:, 34:50] = qh.astype(np.uint16).view(np.uint8)
         return out
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):

@@ -67,11 +67,7 @@ class IQ4_NL(QuantType, qtype=20):
         out[:, 2:] = _pack_nib(codes)
         return out
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):
@@ -137,11 +133,7 @@ class IQ4_XS(QuantType, qtype=23):
         out[:, 8:] = _pack_nib(codes.reshape(-1, 32)).reshape(b, 128)
         return out
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):

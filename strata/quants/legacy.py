@@ -54,11 +54,7 @@ class Q4_0(QuantType, qtype=2):
     def quantize(cls, x):
         return _gguf_quantize(cls, x)
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):
@@ -131,11 +127,7 @@ class Q5_0(QuantType, qtype=6):
     def quantize(cls, x):
         return _gguf_quantize(cls, x)
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):
@@ -204,11 +196,7 @@ class Q8_0(QuantType, qtype=8):
     def quantize(cls, x):
         return act.q8_0_ref(np.asarray(x, F32).reshape(-1, 32))
 
-    @classmethod
-    def _random(cls, rng, n_blocks, d):
-        blocks = C.random_bytes(rng, n_blocks, cls.type_size)
-        C.fill_f16(blocks, 0, d)
-        return blocks
+    _random = classmethod(C.random_d_at_0)   # random codes, one fp16 scale d in bytes 0-1
 
     @classmethod
     def vec_dot(cls, w, a):
