@@ -74,12 +74,7 @@ def main(argv=None) -> int:
             return run_cpu(a)
         from strata.accel.device.base import get_device
 
-        if a.device == "host":
-            from strata.accel.device.host import HostDevice
-
-            dev = HostDevice()
-        else:
-            dev = get_device(a.device, log=note, budget_bytes=a.vram_budget, gemm=config.gemm)
+        dev = get_device(a.device, log=note, budget_bytes=a.vram_budget, gemm=config.gemm)
         if dev is None:
             return run_cpu(a)
         from strata.accel.generate import run_gpu
@@ -91,10 +86,8 @@ def main(argv=None) -> int:
 
 
 def run_cpu(a) -> int:
-    try:
-        from strata.accel.cpu.generate import run_cpu as run
-    except ImportError:
-        from strata.accel.generate import run_reference_fallback as run
+    from strata.accel.cpu.generate import run_cpu as run
+
     return run(a)
 
 

@@ -122,7 +122,3 @@ def run_gpu(a, dev) -> int:
 
 def note(msg: str) -> None:
     print(f"strata: {msg}", file=sys.stderr)
-
-
-def run_reference_fallback(a) -> int:
-    raise RuntimeError("the CPU backend (strata.accel.cpu) is not installed in this build")

@@ -38,12 +38,6 @@ class Model:
         self.cfg: MoEConfig = self.arch.config_from_gguf(gf)
         req, opt = self.arch.tensor_specs(self.cfg)
         self.tensors = TensorSet(gf, self.cfg, req, opt)
-        self._check_router_and_experts()
-
-    def _check_router_and_experts(self):
-        c = self.cfg
-        if c.n_expert_used > c.n_expert:
-            raise InconsistentConfig(f"{self.gguf.path}: K={c.n_expert_used} > E={c.n_expert}")
 
     @property
     def path(self) -> str:

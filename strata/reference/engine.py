@@ -6,7 +6,6 @@ bits whatever the chunking (whole prompt, chunks of 7, token by token), thread c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -19,16 +18,6 @@ from strata.sampling import Sampler, SamplingParams
 
 class ContextOverflow(ValueError):
     pass
-
-
-@dataclass
-class RoutingTrace:
-    """Per chunk and layer: routed expert ids [T, K] (the `--dump-routing` record)."""
-
-    chunks: list[dict] = field(default_factory=list)
-
-    def record(self, chunk: int, pos0: int, layer: int, ids: np.ndarray):
-        self.chunks.append({"chunk": chunk, "pos0": pos0, "layer": layer, "ids": ids.copy()})
 
 
 class RefEngine:

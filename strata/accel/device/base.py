@@ -98,9 +98,6 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def event(self) -> Event: ...
 
-    @abc.abstractmethod
-    def stream(self, name: str) -> Stream: ...
-
     def synchronize(self) -> None:
         self.compute.synchronize()
         self.copy.synchronize()
@@ -111,10 +108,6 @@ class Device(abc.ABC):
 
     def bind_thread(self) -> None:
         """Call first in any thread that issues device work (CUDA: make this device current there)."""
-
-    @abc.abstractmethod
-    def host_fn(self, stream: Stream, fn, *args) -> None:
-        """Run a host callable in stream order (after earlier work on `stream`; later work waits for it)."""
 
     def close(self) -> None:
         pass

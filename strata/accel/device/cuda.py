@@ -59,7 +59,6 @@ class CudaDevice(Device):
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.compute = CudaStream(cp, "compute")
         self.copy = CudaStream(cp, "copy")
-        self._extra = []
         self.pool = cp.get_default_memory_pool()
         free, total = cp.cuda.runtime.memGetInfo()
         self._total = total
@@ -119,16 +118,8 @@ class CudaDevice(Device):
     def event(self) -> CudaEvent:
         return CudaEvent(self.cp)
 
-    def stream(self, name: str) -> CudaStream:
-        s = CudaStream(self.cp, name)
-        self._extra.append(s)
-        return s
-
-    def host_fn(self, stream: CudaStream, fn, *args) -> None:
-        stream.s.launch_host_func(lambda _: fn(*args), None)
-
     def synchronize(self) -> None:
-        for s in (self.compute, self.copy, *self._extra):
+        for s in (self.compute, self.copy):
             s.synchronize()
 
     def close(self) -> None:

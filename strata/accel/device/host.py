@@ -23,12 +23,10 @@ class HostEvent(Event):
         self._done = threading.Event()
         self._done.set()          # an event never recorded counts as complete (CUDA does the same)
         self._t = 0.0
-        self._gen = 0
 
     def record(self, stream: "HostStream") -> None:
         done = threading.Event()
         self._done = done
-        self._gen += 1
 
         def fire():
             self._t = time.perf_counter()
@@ -111,7 +109,6 @@ class HostDevice(Device):
         self.delay_s = delay_s
         self.compute = HostStream("compute", inline=True)
         self.copy = HostStream("copy")
-        self._extra: list[HostStream] = []
         self.k = HostKernels(self)
 
     def empty(self, shape, dtype):
@@ -151,23 +148,15 @@ class HostDevice(Device):
     def event(self) -> HostEvent:
         return HostEvent()
 
-    def stream(self, name: str) -> HostStream:
-        s = HostStream(name)
-        self._extra.append(s)
-        return s
-
     def on(self, stream):
         import contextlib
 
         return contextlib.nullcontext()
 
-    def host_fn(self, stream, fn, *args):
-        stream._put(lambda: fn(*args))
-
     def synchronize(self):
-        for s in (self.compute, self.copy, *self._extra):
+        for s in (self.compute, self.copy):
             s.synchronize()
 
     def close(self):
-        for s in (self.compute, self.copy, *self._extra):
+        for s in (self.compute, self.copy):
             s.close()

@@ -155,9 +155,6 @@ class CudaKernels(Kernels):
         self.fn["combine"]((T,), (256,), (out, dm, slot, w, np.int32(T), np.int32(K), np.int32(D)), stream=stream.s)
 
     # --- dense --------------------------------------------------------------------------------------------------
-    def embed(self, out, table, ids, stream):
-        raise NotImplementedError("the token embedding stays in host RAM (dense.DeviceOps.embed)")
-
     def rms_norm(self, out, x, w, eps, stream):
         n = x.shape[-1]
         rows = x.size // n
@@ -275,10 +272,6 @@ class CudaKernels(Kernels):
         if renorm:
             with stream.s:
                 w /= w.sum(axis=1, keepdims=True)
-
-    def add(self, out, a, b, stream):
-        with stream.s:
-            self.cp.add(a, b, out=out)
 
     def sigmoid_gate(self, out, s, g, stream):
         with stream.s:

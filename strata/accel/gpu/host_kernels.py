@@ -68,9 +68,6 @@ class HostKernels(Kernels):
         self._run(stream, run)
 
     # --- dense ---------------------------------------------------------------------------------------------
-    def embed(self, out, table, ids, stream):
-        self._run(stream, lambda: out.__setitem__(slice(None), table[ids].astype(F32)))
-
     def rms_norm(self, out, x, w, eps, stream):
         def run():
             ms = np.mean(x * x, axis=-1, keepdims=True)
@@ -134,9 +131,6 @@ class HostKernels(Kernels):
             w[...] = wt
 
         self._run(stream, run)
-
-    def add(self, out, a, b, stream):
-        self._run(stream, lambda: np.add(a, b, out=out))
 
     def sigmoid_gate(self, out, s, g, stream):
         self._run(stream, lambda: out.__setitem__(slice(None), s / (1.0 + np.exp(-g))))

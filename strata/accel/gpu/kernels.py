@@ -65,10 +65,6 @@ class Kernels(abc.ABC):
 
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def embed(self, out, table, ids, stream) -> None:
-        """out f32 [T, D] <- table f16 [V, D] rows ids i32 [T]."""
-
-    @abc.abstractmethod
     def rms_norm(self, out, x, w, eps: float, stream) -> None:
         """Over the last axis of x f32 [..., n]: x / sqrt(mean(x²) + eps) · w."""
 
@@ -93,10 +89,6 @@ class Kernels(abc.ABC):
     def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:
         """ids i32 [T, k], w f32 [T, k] <- softmax over logits f32 [T, E], top-k (ties: lower id), optional
         renormalisation over the k."""
-
-    @abc.abstractmethod
-    def add(self, out, a, b, stream) -> None:
-        """out = a + b (f32)."""
 
     @abc.abstractmethod
     def sigmoid_gate(self, out, s, g, stream) -> None:
