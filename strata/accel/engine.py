@@ -71,6 +71,7 @@ class GpuEngine:
                  f"({'profile' if profile_order else 'uniform'} order), {p.cache_slots} slots")
         # decode-only resources: their own step buffers and an 8-slot ring
         self.dbufs = carve(c, MAXT, GROUP, attn_scratch_bytes(c, MAXT, n_ctx), Carver(dev))
+        self.drunner = ExpertRunner(dev, c, self.arena.types, self.dbufs)
         self.dring = Ring(dev, dev.empty((ROUTED_ONLY_RING, p.slot_bytes), np.uint8))
         self.prompt_region = None
         if p.owned_prompt:
@@ -89,7 +90,6 @@ class GpuEngine:
             if self.share.by_default:
                 self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
                          "turns it off); the pool also takes decode misses")
-        self.types = self.arena.types
         # the adaptive tier (SPEC §7): usage counted in decode, moves between rounds
         self.tier = policy.TIERS.create(policy.TierKind.ADAPTIVE, c.n_layer, c.n_expert)
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
@@ -169,8 +169,7 @@ class GpuEngine:
         assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
         t0 = time.perf_counter()
         self.cache.poll()                            # experts whose copies have landed are resident now
-        self._runner = ExpertRunner(self.dev, self.cfg, self.types, self.dbufs)
-        self._ring, self._walk = self.dring, None
+        self._runner, self._ring, self._walk = self.drunner, self.dring, None
         logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
         moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
         if moves:                            # evict now; newcomers are resident once their copies land
@@ -202,7 +201,7 @@ class GpuEngine:
         bufs = carve(c, p.chunk, GROUP, attn_scratch_bytes(c, p.chunk, self.n_ctx), carver)
         ring = Ring(self.dev, carver.take((p.ring, p.slot_bytes), np.uint8))
         walk = walk_for(self.config, self.share, len(tokens), p.ring)
-        self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.types, bufs), ring, None
+        self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.arena.types, bufs), ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
             self._walk = Walk(ring, self.arena, queue, threaded=True)
@@ -259,15 +258,14 @@ class GpuEngine:
         if self.on_routing:
             self.on_routing(layer, ids)
         resident = self.cache.resident(layer)
+        cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
         cpu, nstream = (), 0
         if share_layer:
             cb.after_sync()
-            cnt = np.bincount(ids.ravel(), minlength=c.n_expert)
             cpu, nstream = cb.choose(cnt.tolist(), resident.tolist(), arm)
         elif self._decode and cb is not None:
-            cnt = np.bincount(ids.ravel(), minlength=c.n_expert)
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
-        lay = row_layout(ids, c.n_expert, resident, cpu=list(cpu))
+        lay = row_layout(ids, cnt, resident, cpu=list(cpu))
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
             self.stats.hits += len(lay.resident)

@@ -33,9 +33,10 @@ class RowLayout:
     cpu: list = field(default_factory=list)
 
 
-def row_layout(ids: np.ndarray, n_expert: int, resident: np.ndarray, cpu: list[int]) -> RowLayout:
+def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list[int]) -> RowLayout:
+    """ids [T, K]; cnt [E] tokens per expert (bincount of ids); resident [E] bool; cpu: the CPU's experts."""
     T, K = ids.shape
-    cnt = np.bincount(ids.ravel(), minlength=n_expert)
+    n_expert = cnt.shape[0]
     routed = cnt > 0
     on_cpu = np.zeros(n_expert, bool)
     on_cpu[list(cpu)] = True
