@@ -118,20 +118,24 @@ class Synth:
         x = (rng.standard_normal(shape) * std).astype(np.float32)
         if role == "embd":
             x[:, 0] = EMBD_BIAS_FRACTION * np.sqrt(D)                  # the constant routing channel
-        elif role in ("attn_output", "exp_down") or name.endswith("ffn_down_shexp.weight"):
+        elif self._writes_residual(name, role):
             x[..., 0, :] = 0.0                                         # nothing writes residual channel 0
         elif role == "router":                                         # [E, D]: column 0 is the expert bias
             x *= zipf.NOISE_STD
             x[:, 0] = zipf.expert_bias(shape[0], self.cfg.n_expert_used, self.skew, rng, self.gamma) / self._h0()
-        if self.isolate and self._reads_residual(name, role) and not name.endswith("ffn_down_shexp.weight"):
+        if self.isolate and self._reads_residual(name, role):
             # no other reader sees the constant channel: otherwise it leaks a constant into every layer's hidden
             # state, which gives each expert a fixed logit offset and skews routing on its own
             x[..., 0] = 0.0
         return x
 
     @staticmethod
-    def _reads_residual(name: str, role: str) -> bool:
-        return role in READERS or name.endswith("ffn_gate_inp_shexp.weight")
+    def _writes_residual(name: str, role: str) -> bool:
+        return role in ("attn_output", "exp_down") or name.endswith("ffn_down_shexp.weight")
+
+    @classmethod
+    def _reads_residual(cls, name: str, role: str) -> bool:
+        return (role in READERS or name.endswith("ffn_gate_inp_shexp.weight")) and not cls._writes_residual(name, role)
 
     def _h0(self) -> float:
         """Typical normed channel 0 after an FFN norm: c / rms(x) with the embedding's own rms."""
@@ -181,8 +185,8 @@ class Synth:
         row_blocks = shape[-1] // q.block_size
         scale = 1.0 / np.sqrt(shape[-1])
         role = role_of(name)[0]
-        zero_row0 = role in ("attn_output", "exp_down") or name.endswith("ffn_down_shexp.weight")
-        zero_col0 = self.isolate and self._reads_residual(name, role) and not zero_row0
+        zero_row0 = self._writes_residual(name, role)
+        zero_col0 = self.isolate and self._reads_residual(name, role)
         rng = self.rng(name)
         for _ in range(shape[0] if len(shape) == 3 else 1):
             b = q.random_blocks(rng, per, scale)
