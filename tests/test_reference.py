@@ -89,7 +89,6 @@ from strata.reference.engine import RefEngine
 m = models.load(sys.argv[1])
 ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43]
 for path in ("float", "q8"):
-    sys.stdout.write(RefEngine(m, path, n_ctx=16).prefill(ids).tobytes().hex()[:0] or "")
     np.save(sys.argv[2] + path + ".npy", RefEngine(m, path, n_ctx=16).prefill(ids))
 """
 
