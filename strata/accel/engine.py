@@ -17,7 +17,6 @@ from strata.accel.arena import Arena
 from strata.accel.buffers import Carver, attn_scratch_bytes, carve
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
-from strata.accel.gpu.kernels import BlobRef
 from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
 from strata.accel.moe import GROUP_RESIDENT, ExpertRunner, row_layout
 from strata.accel.stream import Ring, Walk
@@ -275,24 +274,46 @@ class GpuEngine:
         k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
         if share_layer:
             cb.launch(layer, lay, s, threaded=True)                             # the CPU runs beside the GPU
-        # compute order (not row order): a resident group after each streamed group, so the compute stream
-        # reaches each streamed group's dequantisation, which frees its ring slots, as early as possible
-        pending = [lay.resident[i:i + GROUP_RESIDENT] for i in range(0, len(lay.resident), GROUP_RESIDENT)]
-        pending.reverse()
-
-        def one_resident():
-            if pending:
-                members = pending.pop()
-                refs = [BlobRef(self.cache.buf, int(self.cache.slot_of[layer, e])) for e in members]
-                self._runner.group(layer, members, refs, lay)
-
-        if lay.streamed:
-            if self._walk is None:
-                self._stream_routed_only(layer, lay, one_resident)
-            else:
-                self._stream_all(layer, lay, one_resident)
-        while pending:
-            one_resident()
+        # compute order (not row order): one resident group while the first copies land, then a resident group
+        # after each streamed group, so the compute stream reaches each streamed group's dequantisation, which
+        # frees its ring slots, early (bench/prefill.py on the H200: 5-15% faster than streamed-first).
+        # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
+        # upload carries the whole layer's tables.
+        res_groups = [lay.resident[i:i + GROUP_RESIDENT] for i in range(0, len(lay.resident), GROUP_RESIDENT)]
+        walk, sgroups, unrouted = None, [], {}
+        if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
+            walk = self._walk
+            sgroups, unrouted = self._stream_all_groups(layer, lay)
+        elif lay.streamed:           # routed-only: this layer's streamed experts in id order, 8 copies ahead
+            walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
+            sgroups = self._groups(list(range(len(lay.streamed))), ROUTED_ONLY_RING)
+        cache = self.cache
+        plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
+        plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
+        tabs = self._runner.tables(layer, plan, lay) if plan else []
+        res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
+        ri = 0
+        if walk is not None and walk.thread is None:
+            walk.prefetch()
+        if res_groups and sgroups:          # the compute stream is idle while the first copies land
+            self._runner.group(layer, res_groups[0], res_tabs[0], lay)
+            ri = 1
+        for gi, grp in enumerate(sgroups):
+            if grp[0] in unrouted:                     # release the unrouted entries the walk has passed
+                walk.consume(unrouted[grp[0]])
+            walk.ensure_issued(grp[-1])
+            walk.acquire(grp)
+            self._runner.group(layer, plan[len(res_groups) + gi][0], str_tabs[gi], lay,
+                               on_released=lambda g=grp: walk.consume(g))
+            if walk.thread is None:
+                walk.prefetch()
+            if ri < len(res_groups):
+                self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
+                ri += 1
+        if None in unrouted:
+            walk.consume(unrouted[None])
+        for ri in range(ri, len(res_groups)):
+            self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
         if share_layer:
             cb.gpu_done(s)
         elif self._decode and cb is not None and lay.cpu:
@@ -315,39 +336,21 @@ class GpuEngine:
             cur.append(kq)
         return out + ([cur] if cur else [])
 
-    def _stream_group(self, layer, lay, walk: Walk, grp: list[int]) -> None:
-        walk.ensure_issued(grp[-1])
-        refs = walk.acquire(grp)
-        members = [walk.entries[kq][1] for kq in grp]
-        self._runner.group(layer, members, refs, lay, on_released=lambda: walk.consume(grp))
-
-    def _stream_routed_only(self, layer, lay, between):
-        """Routed-only walk: this layer's streamed experts in id order through the 8-slot ring, 8 copies ahead."""
-        walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
-        walk.prefetch()
-        # a group may fill the ring: its slots are released right after their dequantisation, so the next
-        # group's copies overlap this group's products
-        for grp in self._groups(list(range(len(lay.streamed))), ROUTED_ONLY_RING):
-            self._stream_group(layer, lay, walk, grp)
-            walk.prefetch()
-            between()
-
-    def _stream_all(self, layer, lay, between):
-        """Stream-all walk: this layer's queue entries in order; an unrouted entry just releases its slot."""
+    def _stream_all_groups(self, layer, lay):
+        """The stream-all walk's groups of this layer's routed entries, and the unrouted entries to release:
+        unrouted[first entry of a group] = those passed before it, unrouted[None] = those after the last."""
         walk = self._walk
         routed = set(lay.streamed)
         rng = self._layer_entries.get(layer, range(0))
         groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed], min(GROUP, self._ring.n // 2))
         last = {g[-1]: g for g in groups}
-        unrouted = []
+        unrouted, pending = {}, []
         for kq in rng:
             if walk.entries[kq][1] not in routed:
-                unrouted.append(kq)
-            elif kq in last:
-                if unrouted:                       # release the unrouted entries the walk has passed
-                    walk.consume(unrouted)
-                    unrouted = []
-                self._stream_group(layer, lay, walk, last[kq])
-                between()
-        if unrouted:
-            walk.consume(unrouted)
+                pending.append(kq)
+            elif kq in last and pending:
+                unrouted[last[kq][0]] = pending
+                pending = []
+        if pending:
+            unrouted[None] = pending
+        return groups, unrouted

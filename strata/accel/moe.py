@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.accel.gpu.kernels import BlobRef
-
 GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
 GROUP_RESIDENT = 16    # experts per launch group from the cache
 
@@ -58,11 +56,18 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list
 
 def tiles_for(members: list[int], lay: RowLayout) -> np.ndarray:
     """[n_tiles, 3] (g, r0, r1): GEMM_BM-row tiles of each member's rows, never crossing experts."""
-    out = []
-    for g, e in enumerate(members):
-        r0, n = lay.off[e], int(lay.cnt[e])
-        out += [(g, r, min(r + GEMM_BM, r0 + n)) for r in range(r0, r0 + n, GEMM_BM)]
-    return np.asarray(out, np.int32).reshape(-1, 3)
+    r0 = np.fromiter((lay.off[e] for e in members), np.int64, len(members))
+    return _tiles(r0, lay.cnt[np.asarray(members, np.int64)].astype(np.int64))
+
+
+def _tiles(r0: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0)."""
+    nt = -(-n // GEMM_BM)                                          # tiles per expert
+    g = np.repeat(np.arange(len(n)), nt)
+    first = np.repeat(np.cumsum(nt) - nt, nt)
+    start = np.repeat(r0, nt) + (np.arange(g.size) - first) * GEMM_BM
+    end = np.minimum(start + GEMM_BM, np.repeat(r0 + n, nt))
+    return np.stack([g, start, end], axis=1).astype(np.int32).reshape(-1, 3)
 
 
 class ExpertRunner:
@@ -77,25 +82,42 @@ class ExpertRunner:
         self.gate_bytes = [quants.get(t[0]).row_bytes(D) * F for t in layer_types]
         self.up_bytes = [quants.get(t[1]).row_bytes(D) * F for t in layer_types]
 
-    def group(self, layer: int, members: list[int], refs: list[BlobRef], lay: RowLayout, on_released=None):
-        """Enqueue one group: dequantise, release the blobs (on_released), gate|up GEMM, SwiGLU, down GEMM."""
+    def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
+        """Every group's tables of a layer in one upload: groups[g] = (members, buf, idx), the members' blobs
+        being rows idx of buf (cache slots or ring slots, known before the copies land)."""
+        gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
+        # every group is a run of consecutive experts in row order: tile the layer once, then cut
+        starts = np.concatenate([[0], np.cumsum(lay.cnt[lay.order])[:-1]]).astype(np.int64)
+        every = _tiles(starts, lay.cnt[lay.order].astype(np.int64))            # g = position in row order
+        pos = {int(e): i for i, e in enumerate(lay.order)}
+        bounds = np.searchsorted(every[:, 0], [pos[m[0]] for m, _, _ in groups] + [pos[m[-1]] + 1 for m, _, _
+                                                                                   in groups])
+        tiles = []
+        for i, (m, _, _) in enumerate(groups):
+            assert pos[m[-1]] - pos[m[0]] == len(m) - 1, "a group must be a run of experts in row order"
+            t = every[bounds[i]:bounds[len(groups) + i]].copy()
+            t[:, 0] -= pos[m[0]]
+            tiles.append(t)
+        return self.k.expert_tables([(buf, idx) for _, buf, idx in groups], (0, gb, gb + ub), tiles,
+                                    self.dev.compute)
+
+    def group(self, layer: int, members: list[int], tab, lay: RowLayout, on_released=None):
+        """Enqueue one group (its `tables` entry): dequantise, release the blobs (on_released), gate|up GEMM,
+        SwiGLU, down GEMM."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F, n = self.cfg.n_embd, self.cfg.n_ff_exp, len(members)
         tg, tu, td = self.types[layer]
-        gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
-        tiles = tiles_for(members, lay)
-        t_gate, t_up, t_down, td_dev = k.upload_many([k.blob_table(refs, 0), k.blob_table(refs, gb),
-                                                      k.blob_table(refs, gb + ub), tiles], s)   # one copy
-        if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type
-            k.dequant(b.w_gu[:n], t_gate, tg, 2 * F, D, s)
+        t_gate, t_up, t_down, td_dev, n_tiles = tab
+        if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type (the kernel fills g < n only)
+            k.dequant(b.w_gu, t_gate, tg, 2 * F, D, s)
         else:
             k.dequant(b.w_gu[:n, :F], t_gate, tg, F, D, s)
             k.dequant(b.w_gu[:n, F:], t_up, tu, F, D, s)
-        k.dequant(b.w_d[:n], t_down, td, D, F, s)
+        k.dequant(b.w_d, t_down, td, D, F, s)
         if on_released:
             on_released()
         r0 = lay.off[members[0]]
         r1 = lay.off[members[-1]] + int(lay.cnt[members[-1]])
-        k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, len(tiles), s)       # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, n_tiles, s)         # GU[rows] = Xg[rows] · Wgu[g]ᵀ
         k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
-        k.gemm_grouped(b.dm, b.hh, b.w_d, td_dev, len(tiles), s)          # Dm[rows] = H[rows] · Wdᵀ
+        k.gemm_grouped(b.dm, b.hh, b.w_d, td_dev, n_tiles, s)            # Dm[rows] = H[rows] · Wdᵀ

@@ -13,7 +13,6 @@ import threading
 
 import numpy as np
 
-from strata.accel.gpu.kernels import BlobRef
 
 
 class Ring:
@@ -134,11 +133,14 @@ class Walk:
             while self.issued < limit:
                 self.issued = self._issue_run(limit)
 
-    def acquire(self, ks: list[int]) -> list[BlobRef]:
+    def slots(self, ks: list[int]) -> np.ndarray:
+        """The ring slots entries `ks` land in (fixed by the entry index, so known before they are issued)."""
+        return np.asarray(ks, np.int64) % self.ring.n
+
+    def acquire(self, ks: list[int]) -> None:
         """Make later compute wait for entries `ks` (issued, in order): copies land in order, so the event of
         the copy that carried the last one covers them all."""
         self.ring.dev.compute.wait(self._copied[ks[-1]])
-        return [BlobRef(self.ring.buf, self.slot(k)) for k in ks]
 
     def consume(self, ks: list[int]) -> None:
         """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""

@@ -55,6 +55,20 @@ class _Staging:
         self.inflight.append((s, s + view.nbytes, ev))
 
 
+class _DevTab:
+    """A table inside a packed upload: its device address and length (kernels take it as a raw pointer, which
+    saves the CuPy views a layer's tens of groups would otherwise create)."""
+
+    __slots__ = ("ptr", "n")
+
+    def __init__(self, ptr: int, n: int):
+        self.ptr, self.n = np.uint64(ptr), n
+
+    @property
+    def shape(self):
+        return (self.n,)
+
+
 class CudaKernels(Kernels):
     def __init__(self, dev, gemm: str = "mma"):
         self.dev, self.cp = dev, dev.cp
@@ -98,11 +112,48 @@ class CudaKernels(Kernels):
         dev = self.upload(packed, stream)
         return [dev[o:o + h.nbytes].view(h.dtype).reshape(h.shape) for h, o in zip(hosts, offs)]
 
+    def expert_tables(self, sets, offs, tiles, stream):
+        """One pinned->device copy for a layer: [pointer tables of every group (uint64) | tiles (int32)]."""
+        n_ptr = sum(len(idx) for _, idx in sets) * len(offs)
+        n_tile = sum(t.shape[0] for t in tiles)
+        packed = np.empty(n_ptr * 8 + n_tile * 12, np.uint8)
+        ptrs = packed[:n_ptr * 8].view(np.uint64)
+        tl = packed[n_ptr * 8:].view(np.int32).reshape(n_tile, 3)
+        i = j = 0
+        spans = []
+        for (buf, idx), t in zip(sets, tiles):
+            base = np.asarray(idx, np.uint64) * np.uint64(buf.strides[0]) + np.uint64(buf.data.ptr)
+            p0 = i
+            for o in offs:
+                ptrs[i:i + len(idx)] = base + np.uint64(o)
+                i += len(idx)
+            tl[j:j + t.shape[0]] = t
+            spans.append((p0, len(idx), j, t.shape[0]))
+            j += t.shape[0]
+        dev = self.upload(packed, stream).data.ptr
+        out = []
+        for p0, n, t0, nt in spans:
+            tabs = tuple(_DevTab(dev + 8 * (p0 + n * w), n) for w in range(len(offs)))
+            out.append(tabs + (_DevTab(dev + n_ptr * 8 + 12 * t0, nt), nt))
+        return out
+
+    def _as_array(self, tab: _DevTab, dtype):
+        """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
+        mem = self.cp.cuda.UnownedMemory(int(tab.ptr), max(tab.n, 1) * np.dtype(dtype).itemsize, self)
+        return self.cp.ndarray((tab.n,), dtype, self.cp.cuda.MemoryPointer(mem, 0))
+
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         return np.asarray([r.buf.data.ptr + r.index * r.buf.strides[0] + byte_off for r in refs], np.uint64)
 
     # --- experts ------------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
+        if isinstance(blobs, _DevTab):
+            plan = self._dq_plans.get((qtype, n, k, blobs.n))
+            if plan is not None and out.flags.c_contiguous:
+                fn, grid, g, nr, rb = plan
+                fn(grid, (dq._THREADS,), (blobs.ptr, g, nr, rb, out), stream=stream.s)
+                return
+            blobs = self._as_array(blobs, np.uint64)
         if out.flags.c_contiguous:
             key = (qtype, n, k, blobs.shape[0])
             plan = self._dq_plans.get(key)
@@ -117,6 +168,7 @@ class CudaKernels(Kernels):
             fn, grid, g, nr, rb = plan
             fn(grid, (dq._THREADS,), (blobs, g, nr, rb, out), stream=stream.s)
             return
+
         tmp = self.cp.empty((blobs.shape[0], n, k), np.float16)      # a split gate/up of two types
         dq.launch(self.dq, qtype, blobs, blobs.shape[0], n, k, tmp, stream.s)
         with stream.s:
@@ -134,8 +186,8 @@ class CudaKernels(Kernels):
         assert a.strides[1] == 2 and out.strides[1] == 4 and Kd % 32 == 0, "row-major operands, k a multiple of 32"
         if not n_tiles:
             return
-        args = (out, np.int32(out.strides[0] // 4), a, np.int32(a.strides[0] // 2), w, tiles, np.int32(N),
-                np.int32(Kd))
+        args = (out, np.int32(out.strides[0] // 4), a, np.int32(a.strides[0] // 2), w,
+                tiles.ptr if isinstance(tiles, _DevTab) else tiles, np.int32(N), np.int32(Kd))
         if self.gemm_kind == "simt":
             self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
         else:

@@ -41,6 +41,20 @@ class Kernels(abc.ABC):
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         """A host table naming blobs (plus a byte offset into each) for `dequant` (upload it first)."""
 
+    def expert_tables(self, sets: list[tuple[object, np.ndarray]], offs: tuple[int, ...], tiles: list[np.ndarray],
+                      stream) -> list[tuple]:
+        """A layer's expert groups in one upload. sets[g] = (buf, idx): the group's blobs are rows idx (int
+        array) of the [n, slot_bytes] device array buf; offs: byte offsets into each blob (gate, up, down);
+        tiles[g]: the group's GEMM tiles i32 [n_tiles, 3]. Returns per group (one blob table per offset...,
+        tiles table, n_tiles), the tables as `dequant` and `gemm_grouped` take them."""
+        hosts = []
+        for (buf, idx), t in zip(sets, tiles):
+            refs = [BlobRef(buf, int(i)) for i in idx]
+            hosts += [self.blob_table(refs, o) for o in offs] + [t]
+        dev = self.upload_many(hosts, stream)
+        w = len(offs) + 1
+        return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)]
+
     # --- experts -------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def dequant(self, out, blobs, qtype: int, n: int, k: int, stream) -> None:
