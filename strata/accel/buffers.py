@@ -84,9 +84,17 @@ def attn_scratch_bytes(cfg, cap: int, n_ctx: int) -> int:
 
 
 def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int) -> int:
+    """Bytes `carve` takes, rounded up to ALIGN: what follows in the same region (the ring) starts aligned."""
     c = Carver(None)
     carve(cfg, cap, group, attn_scratch_bytes, c)
-    return c.used
+    return -(-c.used // ALIGN) * ALIGN
+
+
+def carve_prompt(cfg, chunk: int, n_ctx: int, group: int, ring: int, slot_bytes: int, carver: Carver):
+    """A prompt chunk's buffers and then its ring [ring, slot_bytes], as the engine lays them in a loan;
+    takes layout_bytes(cfg, chunk, group, ...) + ring·slot_bytes."""
+    bufs = carve(cfg, chunk, group, attn_scratch_bytes(cfg, chunk, n_ctx), carver)
+    return bufs, carver.take((ring, slot_bytes), np.uint8)
 
 
 def temp_bytes(cfg, cap: int) -> int:

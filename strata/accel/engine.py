@@ -14,7 +14,7 @@ import numpy as np
 
 from strata import policy
 from strata.accel.arena import Arena
-from strata.accel.buffers import Carver, attn_scratch_bytes, carve
+from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
 from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
@@ -197,8 +197,8 @@ class GpuEngine:
     def _prompt_chunk(self, tokens, region, all_logits):
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs = carve(c, p.chunk, GROUP, attn_scratch_bytes(c, p.chunk, self.n_ctx), carver)
-        ring = Ring(self.dev, carver.take((p.ring, p.slot_bytes), np.uint8))
+        bufs, ring_buf = carve_prompt(c, p.chunk, self.n_ctx, GROUP, p.ring, p.slot_bytes, carver)
+        ring = Ring(self.dev, ring_buf)
         walk = walk_for(self.config, self.share, len(tokens), p.ring)
         self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.arena.types, bufs), ring, None
         if walk is WalkKind.STREAM_ALL:

@@ -1,0 +1,92 @@
+"""The memory plan against the engine's own carving (SPEC §9): whatever the plan lends a prompt chunk must hold
+the buffers and the ring exactly as the engine lays them out (an off-by-alignment plan once crashed an 8K
+prompt on the H200: 'buffers need 2622240512 bytes, the region has 2622240384', the ring carved 128 bytes of
+alignment past the all-resident engine's own prompt buffers)."""
+
+from dataclasses import replace
+from math import prod
+
+import numpy as np
+import pytest
+
+from strata import quants
+from strata.accel.buffers import Carver, carve_prompt
+from strata.accel.memplan import GROUP, VramShortfall, plan_memory
+from strata.models import arch_module
+from strata.synth.build import Synth
+from strata.synth.presets import PRESETS
+
+MIB = 2**20
+
+
+class _Region:
+    """A stand-in for a lent device region: only its size matters to the carver's bounds check."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def __getitem__(self, sl):
+        return self
+
+    def view(self, dtype):
+        return self
+
+    def reshape(self, shape):
+        return None
+
+
+class _Dev:
+    pass
+
+
+class _Info:
+    def __init__(self, ne, qtype):
+        self.shape, self.qtype, self.n_elements = tuple(reversed(ne)), qtype, prod(ne)
+
+
+class _Tensors:
+    def __init__(self, infos):
+        self.infos, self.names = infos, list(infos)
+
+    def info(self, name):
+        return self.infos[name]
+
+
+class _Header:
+    """A preset's model as the planner sees it (config, tensor types and sizes), without writing its GGUF."""
+
+    def __init__(self, preset: str, layers: int):
+        shape = replace(PRESETS[preset], n_layer=layers)
+        s = Synth(shape, 0, 0.9, True)
+        self.cfg = s.cfg
+        req, _ = arch_module(shape.arch).tensor_specs(self.cfg)
+        self.tensors = _Tensors({n: _Info(ne, s.qtype(n)) for n, ne in req.items()})
+        self._blob = [sum(quants.get(self.tensors.info(f"blk.{l}.ffn_{r}_exps.weight").qtype).row_bytes(ne[0])
+                          * ne[1] for r, ne in ((r, req[f"blk.{l}.ffn_{r}_exps.weight"]) for r in ("gate", "up",
+                                                                                                    "down")))
+                      for l in range(layers)]
+
+    def max_blob_bytes(self):
+        return max(self._blob)
+
+
+@pytest.mark.parametrize("preset", ["flash-shape", "qwen3-30b-a3b", "olmoe-1b-7b"])
+@pytest.mark.parametrize("n_ctx", [1000, 4104, 8208])
+def test_every_loan_holds_the_engines_carving(preset, n_ctx):
+    m = _Header(preset, 8)
+    seen = {True: 0, False: 0}
+    full = plan_memory(m, 1 << 42, n_ctx=n_ctx, reserve_mib=0)
+    fixed = full.dense + full.kv + full.decode
+    for frac in list(np.linspace(0.02, 1.0, 50)) + [None]:
+        budget = None if frac is None else int(fixed + frac * m.cfg.n_layer * m.cfg.n_expert * full.slot_bytes)
+        try:
+            p = plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget, reserve_mib=0)
+        except VramShortfall:
+            continue
+        seen[p.owned_prompt] += 1
+        # the engine's region: its own buffers (every expert fits), else the lent cache slots
+        region = _Region(p.prompt_bytes if p.owned_prompt else p.loan_slots * p.slot_bytes)
+        carver = Carver(_Dev(), region)
+        carve_prompt(m.cfg, p.chunk, n_ctx, GROUP, p.ring, p.slot_bytes, carver)   # asserts it fits
+        assert carver.used <= region.nbytes
+    assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
