@@ -1,6 +1,8 @@
 """The prefill CPU share on the GPU engine (issue: STRATA_PREFILL_CPU_SHARE=auto|x|0): interleaved rounds of off /
 fixed shares / auto at several prompt lengths, medians, the share chosen, experts the CPU took, gate decisions;
-then a losing configuration (the pool cut to one worker) to show the gate caps the loss.
+then a losing configuration (the pool cut to one worker) to show the gate caps the loss. The rounds measure the
+steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
+exploration, are printed beside off before them.
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
                           [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--json out.json]
@@ -59,12 +61,26 @@ def main():
         pool = ExpertPool(workers=workers)
         eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
         pols = {name: eng.use_share(sh) for name, sh in settings}
-        for name, sh in settings:                                   # warm-up (kernels, Numba, pools)
+        for name, sh in settings:                                   # warm-up: kernels, Numba, pools
             eng.use_share(sh, pols[name])
             for L in lengths:
                 eng.reset()
                 eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
-        pols = {name: eng.use_share(sh) for name, sh in settings}   # fresh meters and gates for the runs
+        # auto's first prompts, from a fresh meter and gate (its exploration, SPEC §6), beside off; then the
+        # rounds measure the steady state: the gate's state persists across requests (SPEC §6)
+        pols = {name: eng.use_share(sh) for name, sh in settings}
+        first = {n: [] for n in ("off", "auto")}
+        for L in lengths:
+            ids = rng.integers(0, c.n_vocab, L).tolist()
+            for name in ("off", "auto"):
+                eng.use_share(dict(settings)[name], pols[name])
+                eng.reset()
+                t0 = time.perf_counter()
+                eng.prefill(ids)
+                first[name].append((time.perf_counter() - t0) * 1e3)
+        print(f"\n{label}: auto's first prompts (exploring), ms: " + ", ".join(
+            f"{L}: {a_:.1f} vs off {o:.1f} ({100 * (a_ / o - 1):+.1f}%)"
+            for L, a_, o in zip(lengths, first["auto"], first["off"])))
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}
         for r in range(a.rounds):
@@ -106,7 +122,9 @@ def main():
         print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
               f"after {auto.gate.layers} eligible layers; CPU experts per run (auto) "
               + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}" for L in lengths))
-        report[label] = {"workers": workers, "table": tab, "auto_share": auto.meter.share, "gate": auto.gate.gate}
+        report[label] = {"workers": workers, "table": tab, "auto_share": auto.meter.share, "gate": auto.gate.gate,
+                         "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
+                         "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         pool.close()
     if a.json:
         with open(a.json, "w") as f:
