@@ -19,6 +19,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 
 from strata.accel.cpu import decode as D
+from strata.accel.cpu import runs as RN
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
                                     half_to_f32, ld_f32, ld_u8, ld_u16)
 
@@ -79,6 +80,25 @@ def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
             blk(w, r * wrow + b * bs, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt)
         for t in range(T):
             out[t * ostride + r] = acc[t]
+
+
+@njit(inline="always")
+def _loop1(run4, run1, bs, w, wrow, r0, r1, a, out, ws):
+    """One token, Q8_K activations: each row's blocks in runs of four, then singly (runs.py), the row's sum held
+    in a register."""
+    nb = wrow // bs
+    codes, aux, acc, dy, sy = _carve(ws, 1, nb)
+    act_scales(a, 0, 1, nb, 292, dy, sy)
+    for r in range(r0, r1):
+        s = _F0
+        b = 0
+        while b + 4 <= nb:
+            s = run4(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+            b += 4
+        while b < nb:
+            s = run1(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+            b += 1
+        out[r] = s
 
 
 # --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------
@@ -264,7 +284,11 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
-    if qt == Q4_K:
+    if qt == Q4_K and T == 1:
+        _loop1(RN.q4_k_x4, RN.q4_k_x1, 144, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q5_K and T == 1:
+        _loop1(RN.q5_k_x4, RN.q5_k_x1, 176, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q4_K:
         _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K, ws)
     elif qt == Q5_K:
         _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K, ws)

@@ -1,0 +1,127 @@
+"""One-token block runs: n consecutive weight blocks of a row against one Q8_K activation row, in registers.
+
+    run(w, o, a, ao, dy, b, acc) -> float32
+      w, o   the row's block at byte o (then o + bs, o + 2·bs, ...)
+      a, ao  the activation block matching it (292 bytes each: f32 d | qs[256] | bsums[16])
+      dy, b  dy[b + i] is activation block b + i's scale (rows.act_scales)
+      acc    the row's running float32 sum; each block's value is added to it in block order
+
+A block body (`VB` -> exact i32 vectors and the byte offsets of its fp16 scales) gives the integer sums; the
+horizontal reductions of all n blocks share one pairwise-add tree (integer sums are exact, so the grouping
+cannot change them), and the float32 block formula is then applied block by block, exactly as rows.blk_mins /
+rows.blk_single write it (docs/NUMERICS.md: block values added in block order from +0.0). This keeps the
+accumulator out of memory and amortises the reductions, which dominate a one-token K-quant block.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from strata.accel.cpu._llvm import F32T, I16, I32, I64, _half_to_float, _F16C, byte_ptr, load_at, vec
+from strata.accel.cpu._vec import VB
+from strata.accel.cpu.decode import _scales_k4
+
+ACT_BYTES = 292  # block_q8_K
+
+
+def _shuf(b: ir.IRBuilder, x, y, idx):
+    idx = list(idx)
+    return b.shuffle_vector(x, y, ir.Constant(vec(I32, len(idx)), idx))
+
+
+def _pair_sums(b: ir.IRBuilder, x, y):
+    """<8 x i32> x, y -> x's adjacent pair sums, then y's, inside each 128-bit half (vphaddd)."""
+    ev, od = [0, 2, 8, 10, 4, 6, 12, 14], [1, 3, 9, 11, 5, 7, 13, 15]
+    return b.add(_shuf(b, x, y, ev), _shuf(b, x, y, od))
+
+
+def hsums(b: ir.IRBuilder, vs):
+    """Horizontal sums of m <8 x i32> vectors (m = 1, 2, 4, 8) -> m i32 scalars in order: up to two levels of
+    pair sums (then each input owns one lane per 128-bit half), the halves added, then pairs inside."""
+    level, depth = list(vs), 0
+    while len(level) > 1 and depth < 2:
+        level = [_pair_sums(b, level[2 * i], level[2 * i + 1]) for i in range(len(level) // 2)]
+        depth += 1
+    out = []
+    for v in level:
+        v = b.add(_shuf(b, v, v, range(4)), _shuf(b, v, v, range(4, 8)))
+        for _ in range(2 - depth):
+            k = v.type.count
+            v = b.add(_shuf(b, v, v, range(0, k, 2)), _shuf(b, v, v, range(1, k, 2)))
+        out += [b.extract_element(v, ir.Constant(I32, i)) for i in range(v.type.count)]
+    return out
+
+
+def _f16(b: ir.IRBuilder, p):
+    h = load_at(b, p, I16)
+    if _F16C:
+        return b.fpext(b.bitcast(h, ir.HalfType()), F32T)
+    return _half_to_float(b, b.zext(h, I32))
+
+
+def run(body, bs: int, n: int, tail: float | None = None):
+    """The intrinsic for n consecutive blocks of bs bytes. body(v) -> (vecs, halves): one or two <8 x i32>
+    exact integer vectors and the block-relative offsets of as many fp16 scales; the block value is
+    (h0·dy)·f(s0) − (h1·dy)·f(s1) for two, (h0·dy)·f(s0) [· tail] for one."""
+
+    @intrinsic
+    def blocks(typingctx, w, o, a, ao, dy, bi, acc):
+        def codegen(context, builder, sig, args):
+            wp = byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            ap = byte_ptr(context, builder, sig.args[2], args[2], args[3])
+            dp = byte_ptr(context, builder, sig.args[4], args[4], builder.mul(args[5], ir.Constant(I64, 4)))
+            gep = lambda p, k: builder.gep(p, [ir.Constant(I64, k)])  # noqa: E731
+            vecs, halves = [], []
+            for i in range(n):
+                vs, hs = body(VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i)))
+                vecs += vs
+                halves.append([_f16(builder, gep(wp, bs * i + h)) for h in hs])
+            sums = hsums(builder, vecs)
+            per = len(vecs) // n
+            s = args[6]
+            for i in range(n):
+                dyv = load_at(builder, gep(dp, 4 * i), F32T)
+                f = [builder.sitofp(x, F32T) for x in sums[per * i:per * i + per]]
+                bv = builder.fmul(builder.fmul(halves[i][0], dyv), f[0])
+                if per == 2:
+                    bv = builder.fsub(bv, builder.fmul(builder.fmul(halves[i][1], dyv), f[1]))
+                elif tail is not None:
+                    bv = builder.fmul(bv, ir.Constant(F32T, tail))
+                s = builder.fadd(s, bv)
+            return s
+
+        return types.float32(w, types.int64, a, types.int64, dy, types.int64, types.float32), codegen
+
+    blocks.__name__ = f"{body.__name__}_x{n}"
+    return blocks
+
+
+# --- block bodies ----------------------------------------------------------------------------------------------
+def _q45k(v: VB, qs_off: int, qh_off: int | None):
+    """Q4_K / Q5_K: Σ sc_s·code·a per half-group (pmaddubsw, then pmaddwd by the scale) and Σ m_j·bsums."""
+    sc, m = _scales_k4(v)
+    qh = v.ld(qh_off, 32) if qh_off is not None else None
+    acc = None
+    for g in range(4):
+        q = v.ld(qs_off + 32 * g, 32)
+        for h, c in enumerate((v.and_(q, 15), v.shr(q, 4))):
+            if qh is not None:
+                c = v.or_(c, v.shl(v.and_(v.shr(qh, 2 * g + h), 1), 4))
+            t = v.maddwd(v.maddubs(c, v.lda(4 + 64 * g + 32 * h, 32)), v.shuf(sc, [2 * g + h] * 16))
+            acc = t if acc is None else v.b.add(acc, t)
+    mins = v.maddwd(v.lda(260, 16, 16), v.zx(v.shuf(m, [j // 2 for j in range(16)]), 16))
+    return [acc, mins], [0, 2]
+
+
+def q4_k(v: VB):
+    return _q45k(v, 16, None)
+
+
+def q5_k(v: VB):
+    return _q45k(v, 48, 16)
+
+
+q4_k_x4, q4_k_x1 = run(q4_k, 144, 4), run(q4_k, 144, 1)
+q5_k_x4, q5_k_x1 = run(q5_k, 176, 4), run(q5_k, 176, 1)
