@@ -83,9 +83,9 @@ def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
 
 
 @njit(inline="always")
-def _loop1(run4, run1, bs, w, wrow, r0, r1, a, out, ws):
-    """One token, Q8_K activations: each row's blocks in runs of four, then singly (runs.py), the row's sum held
-    in a register."""
+def _loop1(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
+    """One token, Q8_K activations: each row's blocks in runs of four, then one run of the 1..3 left (runs.py),
+    the row's sum held in a register."""
     nb = wrow // bs
     codes, aux, acc, dy, sy = _carve(ws, 1, nb)
     act_scales(a, 0, 1, nb, 292, dy, sy)
@@ -95,9 +95,12 @@ def _loop1(run4, run1, bs, w, wrow, r0, r1, a, out, ws):
         while b + 4 <= nb:
             s = run4(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
             b += 4
-        while b < nb:
+        if nb - b == 3:
+            s = run3(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+        elif nb - b == 2:
+            s = run2(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+        elif nb - b == 1:
             s = run1(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
-            b += 1
         out[r] = s
 
 
@@ -285,9 +288,9 @@ def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
     if qt == Q4_K and T == 1:
-        _loop1(RN.q4_k_x4, RN.q4_k_x1, 144, w, wrow, r0, r1, a, out, ws)
+        _loop1(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, out, ws)
     elif qt == Q5_K and T == 1:
-        _loop1(RN.q5_k_x4, RN.q5_k_x1, 176, w, wrow, r0, r1, a, out, ws)
+        _loop1(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, out, ws)
     elif qt == Q4_K:
         _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K, ws)
     elif qt == Q5_K:

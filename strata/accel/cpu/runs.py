@@ -38,8 +38,8 @@ def _pair_sums(b: ir.IRBuilder, x, y):
 
 
 def hsums(b: ir.IRBuilder, vs):
-    """Horizontal sums of m <8 x i32> vectors (m = 1, 2, 4, 8) -> m i32 scalars in order: up to two levels of
-    pair sums (then each input owns one lane per 128-bit half), the halves added, then pairs inside."""
+    """Horizontal sums of m <8 x i32> vectors (m = 1, 2, 4, 8) -> one <m x i32> of them in order: up to two
+    levels of pair sums (then each input owns one lane per 128-bit half), the halves added, then pairs inside."""
     level, depth = list(vs), 0
     while len(level) > 1 and depth < 2:
         level = [_pair_sums(b, level[2 * i], level[2 * i + 1]) for i in range(len(level) // 2)]
@@ -50,15 +50,22 @@ def hsums(b: ir.IRBuilder, vs):
         for _ in range(2 - depth):
             k = v.type.count
             v = b.add(_shuf(b, v, v, range(0, k, 2)), _shuf(b, v, v, range(1, k, 2)))
-        out += [b.extract_element(v, ir.Constant(I32, i)) for i in range(v.type.count)]
-    return out
+        out.append(v)
+    return out[0] if len(out) == 1 else _shuf(b, out[0], out[1], range(8))
 
 
-def _f16(b: ir.IRBuilder, p):
-    h = load_at(b, p, I16)
+def _f16s(b: ir.IRBuilder, ptrs):
+    """The fp16 values at the given byte pointers -> <m x float> (vcvtph2ps with F16C; exact)."""
+    hs = [load_at(b, p, I16) for p in ptrs]
     if _F16C:
-        return b.fpext(b.bitcast(h, ir.HalfType()), F32T)
-    return _half_to_float(b, b.zext(h, I32))
+        v = ir.Constant(vec(I16, len(hs)), None)
+        for i, h in enumerate(hs):
+            v = b.insert_element(v, h, ir.Constant(I32, i))
+        return b.fpext(b.bitcast(v, vec(ir.HalfType(), len(hs))), vec(F32T, len(hs)))
+    v = ir.Constant(vec(F32T, len(hs)), None)
+    for i, h in enumerate(hs):
+        v = b.insert_element(v, _half_to_float(b, b.zext(h, I32)), ir.Constant(I32, i))
+    return v
 
 
 def run(body, bs: int, n: int, tail: float | None = None):
@@ -77,19 +84,25 @@ def run(body, bs: int, n: int, tail: float | None = None):
             for i in range(n):
                 vs, hs = body(VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i)))
                 vecs += vs
-                halves.append([_f16(builder, gep(wp, bs * i + h)) for h in hs])
-            sums = hsums(builder, vecs)
-            per = len(vecs) // n
+                halves += [gep(wp, bs * i + h) for h in hs]
+            per, m = len(vecs) // n, len(vecs)
+            pad = 1 << (m - 1).bit_length()   # the reduction tree takes a power of two: pad with zeros
+            sums = hsums(builder, vecs + [ir.Constant(vecs[0].type, [0] * 8)] * (pad - m))
+            if pad != m:
+                sums = _shuf(builder, sums, sums, range(m))
+            # lane j = per·i + k: block i's k-th integer sum and fp16 scale; lane-wise float ops are the
+            # scalar formula's own IEEE operations
+            fs = builder.sitofp(sums, vec(F32T, m))
+            dyv = load_at(builder, dp, vec(F32T, n), align=4)
+            dyv = _shuf(builder, dyv, dyv, [j // per for j in range(m)])
+            x = builder.fmul(builder.fmul(_f16s(builder, halves), dyv), fs)
+            if per == 2:
+                x = builder.fsub(_shuf(builder, x, x, range(0, m, 2)), _shuf(builder, x, x, range(1, m, 2)))
+            elif tail is not None:
+                x = builder.fmul(x, ir.Constant(vec(F32T, n), [tail] * n))
             s = args[6]
-            for i in range(n):
-                dyv = load_at(builder, gep(dp, 4 * i), F32T)
-                f = [builder.sitofp(x, F32T) for x in sums[per * i:per * i + per]]
-                bv = builder.fmul(builder.fmul(halves[i][0], dyv), f[0])
-                if per == 2:
-                    bv = builder.fsub(bv, builder.fmul(builder.fmul(halves[i][1], dyv), f[1]))
-                elif tail is not None:
-                    bv = builder.fmul(bv, ir.Constant(F32T, tail))
-                s = builder.fadd(s, bv)
+            for i in range(n):   # block values in block order
+                s = builder.fadd(s, builder.extract_element(x, ir.Constant(I32, i)))
             return s
 
         return types.float32(w, types.int64, a, types.int64, dy, types.int64, types.float32), codegen
@@ -123,5 +136,5 @@ def q5_k(v: VB):
     return _q45k(v, 48, 16)
 
 
-q4_k_x4, q4_k_x1 = run(q4_k, 144, 4), run(q4_k, 144, 1)
-q5_k_x4, q5_k_x1 = run(q5_k, 176, 4), run(q5_k, 176, 1)
+q4_k_x4, q4_k_x3, q4_k_x2, q4_k_x1 = (run(q4_k, 144, n) for n in (4, 3, 2, 1))
+q5_k_x4, q5_k_x3, q5_k_x2, q5_k_x1 = (run(q5_k, 176, n) for n in (4, 3, 2, 1))
