@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 
 from strata.accel.cpu._llvm import F32T, I16, I32, I64, _half_to_float, _F16C, byte_ptr, load_at, vec
 from strata.accel.cpu._vec import VB
+from strata.accel.cpu import decode as D
 from strata.accel.cpu.decode import _scales_k4
 
 ACT_BYTES = 292  # block_q8_K
@@ -136,5 +137,48 @@ def q5_k(v: VB):
     return _q45k(v, 48, 16)
 
 
-q4_k_x4, q4_k_x3, q4_k_x2, q4_k_x1 = (run(q4_k, 144, n) for n in (4, 3, 2, 1))
-q5_k_x4, q5_k_x3, q5_k_x2, q5_k_x1 = (run(q5_k, 176, n) for n in (4, 3, 2, 1))
+
+
+def q6_k(v: VB):
+    """Q6_K: Σ sc_s·(q + 32)·a (q + 32 unsigned for pmaddubsw) − 32·Σ sc_s·bsums_s, one exact i32 vector."""
+    sc = v.sx(v.ld(192, 16), 16)
+    acc = None
+    for n in range(2):
+        ql = (v.ld(64 * n, 32), v.ld(64 * n + 32, 32))
+        qh = v.ld(128 + 32 * n, 32)
+        for k in range(4):
+            low4 = v.and_(ql[k % 2], 15) if k < 2 else v.shr(ql[k % 2], 4)
+            q = v.or_(low4, v.shl(v.and_(v.shr(qh, 2 * k), 3), 4))
+            s = v.shuf(sc, [8 * n + 2 * k] * 8 + [8 * n + 2 * k + 1] * 8)
+            t = v.maddwd(v.maddubs(q, v.lda(4 + 128 * n + 32 * k, 32)), s)
+            acc = t if acc is None else v.b.add(acc, t)
+    return [v.sub(acc, v.shl(v.maddwd(v.lda(260, 16, 16), sc), 5))], [208]
+
+
+def _grid(chunks):
+    """A grid i-quant (decode.py's 32-weight chunks): signs onto the activations, pmaddubsw with the grid bytes,
+    pmaddwd by the odd multipliers."""
+    def body(v: VB):
+        acc = None
+        for ib, rows, signs, (m0, m1) in chunks(v):
+            sa = v.signed(v.lda(4 + 32 * ib, 32), signs)
+            t = v.maddwd(v.maddubs(v.bytes_of(v.pack(rows), 32), sa), v.cat(v.bcast(m0, 8), v.bcast(m1, 8)))
+            acc = t if acc is None else v.b.add(acc, t)
+        return [acc], [0]
+
+    body.__name__ = chunks.__name__.strip("_")
+    return body
+
+
+def _runs(body, bs, tail=None):
+    return tuple(run(body, bs, n, tail) for n in (4, 3, 2, 1))
+
+
+q4_k_x4, q4_k_x3, q4_k_x2, q4_k_x1 = _runs(q4_k, 144)
+q5_k_x4, q5_k_x3, q5_k_x2, q5_k_x1 = _runs(q5_k, 176)
+q6_k_x4, q6_k_x3, q6_k_x2, q6_k_x1 = _runs(q6_k, 210)
+iq2_xxs_x4, iq2_xxs_x3, iq2_xxs_x2, iq2_xxs_x1 = _runs(_grid(D._iq2_xxs), 66, 0.125)
+iq2_xs_x4, iq2_xs_x3, iq2_xs_x2, iq2_xs_x1 = _runs(_grid(D._iq2_xs), 74, 0.125)
+iq2_s_x4, iq2_s_x3, iq2_s_x2, iq2_s_x1 = _runs(_grid(D._iq2_s), 82, 0.125)
+iq3_xxs_x4, iq3_xxs_x3, iq3_xxs_x2, iq3_xxs_x1 = _runs(_grid(D._iq3_xxs), 98, 0.25)
+iq3_s_x4, iq3_s_x3, iq3_s_x2, iq3_s_x1 = _runs(_grid(D._iq3_s), 110)
