@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 
 from strata.accel.cpu._llvm import F32T, I16, I32, I64, _half_to_float, _F16C, byte_ptr, load_at, vec
 from strata.accel.cpu._vec import VB
+from strata.accel.cpu import _vec
 from strata.accel.cpu import decode as D
 from strata.accel.cpu.decode import _scales_k4
 
@@ -170,6 +171,40 @@ def _grid(chunks):
     return body
 
 
+def iq2_xs(v: VB):
+    """IQ2_XS with its sign bytes and multipliers made in vectors: ksigns[s] = s | parity(s) << 7 for the 7-bit
+    s = qs >> 9; the odd multipliers 2·nibble + 1 of the 16 sub-blocks as one <16 x i16>."""
+    grid = v.table("iq2xs", D._GRIDS["iq2xs"])
+    s7 = v.shr(v.ld(2, 32, 16), 9)
+    p = v.b.xor(s7, v.shr(s7, 4))
+    p = v.b.xor(p, v.shr(p, 2))
+    p = v.b.xor(p, v.shr(p, 1))
+    sb = v.tr(v.or_(s7, v.shl(v.and_(p, 1), 7)), 8)   # <32 x i8>: the sign byte of each 8 weights
+    sc = v.shuf(v.ld(66, 8), [j // 2 for j in range(16)])
+    mult = v.add(v.shl(v.zx(v.and_(v.shr(sc, v.K([4 * (j % 2) for j in range(16)])), 15), 16), 1), 1)
+    acc = None
+    for i in range(8):
+        rows = [v.tload(grid, v.and_(v.ld(2 + 2 * (4 * i + l), 1, 16), 511)) for l in range(4)]
+        sa = _signed(v, v.lda(4 + 32 * i, 32), v.shuf(sb, range(4 * i, 4 * i + 4)))
+        t = v.maddwd(v.maddubs(v.bytes_of(v.pack(rows), 32), sa), v.shuf(mult, [2 * i] * 8 + [2 * i + 1] * 8))
+        acc = t if acc is None else v.b.add(acc, t)
+    return [acc], [0]
+
+
+def _signed(v: VB, a, sign_bytes):
+    """a <32 x i8> with lane j negated where bit (j % 8) of sign_bytes[j // 8] is set (vpsignb on AVX2)."""
+    if not _vec._AVX2:
+        return v.signed(a, sign_bytes)
+    from numba.core import cgutils
+
+    rep = v.shuf(sign_bytes, [j // 8 for j in range(32)])
+    bit = v.K([1 << (j % 8) for j in range(32)])
+    neg = v.b.sext(v.b.icmp_unsigned("==", v.b.and_(rep, bit), bit), vec(ir.IntType(8), 32))   # −1 or 0
+    fnty = ir.FunctionType(vec(ir.IntType(8), 32), [vec(ir.IntType(8), 32)] * 2)
+    fn = cgutils.get_or_insert_function(v.b.module, fnty, "llvm.x86.avx2.psign.b")
+    return v.b.call(fn, [a, v.or_(neg, 1)])
+
+
 def _runs(body, bs, tail=None):
     return tuple(run(body, bs, n, tail) for n in (4, 3, 2, 1))
 
@@ -178,7 +213,7 @@ q4_k_x4, q4_k_x3, q4_k_x2, q4_k_x1 = _runs(q4_k, 144)
 q5_k_x4, q5_k_x3, q5_k_x2, q5_k_x1 = _runs(q5_k, 176)
 q6_k_x4, q6_k_x3, q6_k_x2, q6_k_x1 = _runs(q6_k, 210)
 iq2_xxs_x4, iq2_xxs_x3, iq2_xxs_x2, iq2_xxs_x1 = _runs(_grid(D._iq2_xxs), 66, 0.125)
-iq2_xs_x4, iq2_xs_x3, iq2_xs_x2, iq2_xs_x1 = _runs(_grid(D._iq2_xs), 74, 0.125)
+iq2_xs_x4, iq2_xs_x3, iq2_xs_x2, iq2_xs_x1 = _runs(iq2_xs, 74, 0.125)
 iq2_s_x4, iq2_s_x3, iq2_s_x2, iq2_s_x1 = _runs(_grid(D._iq2_s), 82, 0.125)
 iq3_xxs_x4, iq3_xxs_x3, iq3_xxs_x2, iq3_xxs_x1 = _runs(_grid(D._iq3_xxs), 98, 0.25)
 iq3_s_x4, iq3_s_x3, iq3_s_x2, iq3_s_x1 = _runs(_grid(D._iq3_s), 110)
