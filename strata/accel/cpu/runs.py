@@ -8,9 +8,10 @@
 
 A block body (`VB` -> exact i32 vectors and the byte offsets of its fp16 scales) gives the integer sums; the
 horizontal reductions of all n blocks share one pairwise-add tree (integer sums are exact, so the grouping
-cannot change them), and the float32 block formula is then applied block by block, exactly as rows.blk_mins /
-rows.blk_single write it (docs/NUMERICS.md: block values added in block order from +0.0). This keeps the
-accumulator out of memory and amortises the reductions, which dominate a one-token K-quant block.
+cannot change them); each block's float32 value is then formed with the same IEEE operations as rows.blk_mins /
+rows.blk_single (one vector lane per block), and the values are added to acc one by one in block order
+(docs/NUMERICS.md). This keeps the accumulator out of memory and amortises the horizontal reductions, which
+dominated a one-token K-quant block. IQ2_XS makes its sign bytes and multipliers in vectors (no ksigns loads).
 """
 
 from __future__ import annotations
