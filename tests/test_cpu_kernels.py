@@ -149,6 +149,35 @@ def test_rows_zero_and_extreme_blocks(cls):
     _same_bits(K.q8_matmul(xe, ext, cls.qtype), ref, f"{cls.name} extreme blocks")
 
 
+_RUN_TYPES = ("Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
+
+
+@pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in _RUN_TYPES], ids=lambda c: c.name)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), n_rows=st.sampled_from([1, 3, 5]), n_blocks=st.integers(1, 9),
+       pattern=st.sampled_from(["random", "zero", "extreme"]))
+def test_one_token_runs(cls, seed, n_rows, n_blocks, pattern):
+    """One token takes runs of four blocks and one run of the 1..3 left (strata/accel/cpu/runs.py): every
+    row length up to 9 blocks, with random, all-zero and extreme blocks (random code bytes under the largest
+    finite scale)."""
+    rng = np.random.default_rng(seed)
+    k = 256 * n_blocks
+    if pattern == "random":
+        w = cls.random_blocks(rng, n_rows * n_blocks, rng.choice([1e-3, 0.05, 2.0]))
+    elif pattern == "zero":
+        w = np.zeros((n_rows * n_blocks, cls.type_size), np.uint8)
+        w[::2] = cls.random_blocks(rng, len(w[::2]), 0.05).reshape(-1, cls.type_size)
+    else:
+        w = rng.integers(0, 256, size=(n_rows * n_blocks, cls.type_size), dtype=np.uint8)
+        for off in _SCALE_OFFSETS[cls.name]:
+            w[:, off:off + 2] = np.array([65504.0], np.float16).view(np.uint8)
+    w = w.reshape(n_rows, -1)
+    x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 1e3])).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = quants.q8_matmul(x, w, cls.qtype)
+    _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} one token, {pattern} blocks")
+
+
 @pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q8_0", "IQ2_XS", "F16")],
                          ids=lambda c: c.name)
 def test_row_ranges_compose(cls):

@@ -19,6 +19,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 
 from strata.accel.cpu import decode as D
+from strata.accel.cpu import runs as RN
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
                                     half_to_f32, ld_f32, ld_u8, ld_u16)
 
@@ -79,6 +80,28 @@ def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
             blk(w, r * wrow + b * bs, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt)
         for t in range(T):
             out[t * ostride + r] = acc[t]
+
+
+@njit(inline="always")
+def _loop1(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
+    """One token, Q8_K activations: each row's blocks in runs of four, then one run of the 1..3 left (runs.py),
+    the row's sum held in a register."""
+    nb = wrow // bs
+    codes, aux, acc, dy, sy = _carve(ws, 1, nb)
+    act_scales(a, 0, 1, nb, 292, dy, sy)
+    for r in range(r0, r1):
+        s = _F0
+        b = 0
+        while b + 4 <= nb:
+            s = run4(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+            b += 4
+        if nb - b == 3:
+            s = run3(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+        elif nb - b == 2:
+            s = run2(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+        elif nb - b == 1:
+            s = run1(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
+        out[r] = s
 
 
 # --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------
@@ -216,21 +239,6 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
 
 
 @njit(inline="always")
-def blk_grid1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # one token: fused grid dots, same formula
-    if qt == IQ2_XXS:
-        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xxs(w, o, a, 292 * b, codes)) * _F0125
-    elif qt == IQ2_XS:
-        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_xs(w, o, a, 292 * b, codes)) * _F0125
-    elif qt == IQ2_S:
-        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq2_s(w, o, a, 292 * b, codes)) * _F0125
-    elif qt == IQ3_XXS:
-        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_xxs(w, o, a, 292 * b, codes)) * _F025
-    else:
-        bv = (f16_at(w, o) * dy[b]) * np.float32(D.dot_iq3_s(w, o, a, 292 * b, codes))
-    acc[0] += bv
-
-
-@njit(inline="always")
 def blk_iq1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·(f(s1) + 0.125·f(s2))
     if qt == IQ1_S:
         D.dec_iq1_s(w, o, codes, aux)
@@ -264,7 +272,13 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
-    if qt == Q4_K:
+    if qt == Q4_K and T == 1:
+        _loop1(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q5_K and T == 1:
+        _loop1(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q6_K and T == 1:
+        _loop1(RN.q6_k_x4, RN.q6_k_x3, RN.q6_k_x2, RN.q6_k_x1, 210, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q4_K:
         _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K, ws)
     elif qt == Q5_K:
         _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K, ws)
@@ -276,27 +290,27 @@ def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
         _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
     elif qt == IQ3_S:
         if T == 1:
-            _loop(blk_grid1, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
+            _loop1(RN.iq3_s_x4, RN.iq3_s_x3, RN.iq3_s_x2, RN.iq3_s_x1, 110, w, wrow, r0, r1, a, out, ws)
         else:
             _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
     elif qt == IQ2_XXS:
         if T == 1:
-            _loop(blk_grid1, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
+            _loop1(RN.iq2_xxs_x4, RN.iq2_xxs_x3, RN.iq2_xxs_x2, RN.iq2_xxs_x1, 66, w, wrow, r0, r1, a, out, ws)
         else:
             _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
     elif qt == IQ2_XS:
         if T == 1:
-            _loop(blk_grid1, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
+            _loop1(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, 74, w, wrow, r0, r1, a, out, ws)
         else:
             _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
     elif qt == IQ2_S:
         if T == 1:
-            _loop(blk_grid1, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
+            _loop1(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, out, ws)
         else:
             _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
     elif qt == IQ3_XXS:
         if T == 1:
-            _loop(blk_grid1, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+            _loop1(RN.iq3_xxs_x4, RN.iq3_xxs_x3, RN.iq3_xxs_x2, RN.iq3_xxs_x1, 98, w, wrow, r0, r1, a, out, ws)
         else:
             _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
     elif qt == IQ4_XS:
