@@ -257,6 +257,27 @@ def cycles(typingctx):
 
 
 @intrinsic
+def prefetch(typingctx, arr, off, n):
+    """Prefetch the 64-byte lines of bytes off..off+n of an array (clamped to it) into the caches: a row of
+    weights ahead of the one being read, which the hardware streamers do not fetch across a 4 KiB page."""
+    def codegen(context, builder, sig, args):
+        arrty = sig.args[0]
+        a = context.make_array(arrty)(context, builder, args[0])
+        size = builder.mul(a.nitems, ir.Constant(I64, context.get_abi_sizeof(context.get_data_type(arrty.dtype))))
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0")
+        start = args[1]
+        end = builder.add(args[1], args[2])
+        lim = builder.select(builder.icmp_signed("<", end, size), end, size)
+        with cgutils.for_range_slice(builder, start, lim, ir.Constant(I64, 64), intp=I64) as (off, _):
+            builder.call(fn, [byte_ptr(context, builder, arrty, args[0], off), ir.Constant(I32, 0),
+                              ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.int64, types.int64), codegen
+
+
+@intrinsic
 def spin_pause(typingctx):
     """x86 `pause` in spin loops (kinder to a sibling hyperthread); nothing elsewhere."""
     def codegen(context, builder, sig, args):
