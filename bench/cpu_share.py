@@ -31,8 +31,9 @@ def main():
     ap.add_argument("--losing-workers", type=int, default=1)
     ap.add_argument("--json")
     ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
-    ap.add_argument("--sim-model", default="", help="sim preset:MIX (default: from the GGUF's name and types)")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from strata import models, policy
     from strata.accel.arena import Arena
     from strata.accel.cpu.pool import ExpertPool, default_workers
@@ -89,10 +90,14 @@ def main():
                 for name, sh in settings:
                     eng.use_share(sh, pols[name])
                     eng.reset()
+                    if name == "off" and L == max(lengths) and r == a.rounds - 1:   # the routing, for the sim
+                        trace = [[] for _ in range(c.n_layer)]
+                        eng.on_routing = lambda l, ids: trace[l].append(np.asarray(ids, np.int16))
                     n0 = eng.cpu_block.stats["cpu_experts"]
                     t0 = time.perf_counter()
                     eng.prefill(ids)
                     res[L][name].append((time.perf_counter() - t0) * 1e3)
+                    eng.on_routing = None
                     cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
         print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers, "
               f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")
@@ -108,15 +113,22 @@ def main():
             tab[L] = row
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
         try:
-            pred = predict(a, m, eng, lengths, [(n, sh) for n, sh in settings], workers)
-            print(f"simulator ({a.sim_machine}), ms: measured / predicted (error)")
+            from sim.workload import TraceRouting
+            from share_sim import comparison_lines, predict
+
+            ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
+            if a.json:
+                np.savez_compressed(f"{a.json}.{label}.routing.npz", ids=ids)
+            routing = TraceRouting(ids.astype(np.int64))
+            names = [n for n, _ in settings]
+            pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing)
+            print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt), ms: "
+                  f"measured / predicted (error)")
+            print("\n".join(comparison_lines(tab, pred, lengths, names)))
             for L in lengths:
-                print(f"{L:7d} " + " ".join(
-                    f"{tab[L][n]['ms']:6.0f}/{pred[(L, n)]:6.0f} ({100 * (tab[L][n]['ms'] / pred[(L, n)] - 1):+4.0f}%)"
-                    for n, _ in settings))
-                for n, _ in settings:
+                for n in names:
                     tab[L][n]["sim_ms"] = pred[(L, n)]
-        except Exception as e:  # noqa: BLE001 - the prediction column is optional (needs simpy)
+        except ImportError as e:   # the prediction column needs simpy (the `sim` extra)
             print(f"simulator: no prediction ({e!r})")
         auto = pols["auto"]
         print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
@@ -129,30 +141,6 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
-
-
-def predict(a, m, eng, lengths, settings, workers) -> dict:
-    """The SimPy model's prompt times for the same runs: the catalogue machine, the model's shape cut to its
-    layers, the engine's cache size, the same settings (sim/, run by the same policy objects)."""
-    import dataclasses
-
-    from sim.engine import Run, prefill
-    from sim.hardware import machine
-    from sim.models import model
-    from sim.whatif import setting_config
-
-    name = a.sim_model or {"qwen2moe": "flash-shape:IQ2_XS", "qwen3moe": "qwen3-30b-a3b:Q4_K"}[m.cfg.arch]
-    sm = model(name)
-    sm = dataclasses.replace(sm, shape=dataclasses.replace(sm.shape, n_layer=m.cfg.n_layer))
-    mach = dataclasses.replace(machine(a.sim_machine), pool_workers=workers)
-    out = {}
-    for L in lengths:
-        for n, sh in settings:
-            cfg = setting_config("default" if n == "auto" else ("off" if n == "off" else n))
-            r = prefill(Run(mach, sm, L, qualifies=True, ctx=max(lengths) + 16, cache_slots=eng.plan.cache_slots,
-                            cfg=cfg))
-            out[(L, n)] = r.prompt_ms
-    return out
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ product pads the tokens to a tile of 8 (MMQ); the CPU pool splits each expert's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 from .calibration import CALIB, Calib
 from .hardware import Machine, catalogue
 from .models import TYPE_NAME, SimModel, family
@@ -15,6 +18,8 @@ TILE = 8  # tokens per MMQ column tile (ours: the padding a few-token expert pay
 
 class Costs:
     def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB):
+        if machine.calib:   # constants measured on this machine win over the seed-fitted ones
+            calib = replace(calib, **{k: (dict(v) if isinstance(v, Mapping) else v) for k, v in machine.calib.items()})
         self.machine, self.model, self.calib = machine, model, calib
         s, L = model.shape, model.n_layer
         self._blob = [model.blob_bytes(l) for l in range(L)]  # per-layer tables: the hot path reads these

@@ -59,6 +59,8 @@ class Run:
     calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
     costs: Costs | None = None  # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
     resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
+    residency: tuple | None = None  # per layer, per expert: resident during the prompt (an engine's own fill,
+    #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
     layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
     #                            window times per expert differ up to 8x between layers, repeatably)
 
@@ -138,8 +140,12 @@ class _Runner:
         m, plan = run.model, vp.plan
         layout = min(plan.chunk, run.prompt)
         self.ring = ring_slots(run.cfg, run.share, layout, m.max_blob, planned=plan.ring)
-        n_res = run.resident if run.resident is not None else vp.layout(layout, self.ring)
-        self.resident = residency(routing.profile(), n_res)
+        if run.residency is not None:
+            self.resident = [list(map(bool, r)) for r in run.residency]
+            n_res = sum(map(sum, self.resident))
+        else:
+            n_res = run.resident if run.resident is not None else vp.layout(layout, self.ring)
+            self.resident = residency(routing.profile(), n_res)
         self.in_ram = [True] * run.model.n_expert  # the arena pins every expert (ours)
         self.gpu = Stream(env, "gpu", tl)
         self.pool = CpuPool(env, tl)

@@ -95,12 +95,19 @@ class Machine:
     host_issue_us: float  # host time per streamed expert with the CPU pool idle (issue, events, staging)
     pool_workers: int  # CPU pool threads (the engine's default: one per core)
     os: str = "linux"
+    calib: Mapping[str, object] = field(default_factory=dict, compare=False)  # calibrated constants measured here
+    #   (calibration.json field -> value), over the seed-fitted ones: the engine's own CPU kernels, say
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         assert (
             self.ram_gib > 0 and self.host_issue_us > 0 and 1 <= self.pool_workers <= self.cpu.threads
         ), self
+        from .calibration import Calib
+
+        known = {f.name for f in fields(Calib)} - {"sources"}
+        bad = sorted(set(self.calib) - known)
+        assert not bad, f"{self.name}: calib overrides {bad} are not calibration.json fields"
 
 
 def _build(cls, name: str, entry: dict, **extra):
@@ -171,4 +178,7 @@ def check(path: str = str(CATALOGUE)) -> list[str]:
             for key, val in entry.items():
                 if key != "sources" and isinstance(val, (int, float, list)) and not src.get(key):
                     missing.append(f"{kind}.{name}.{key}")
+            for key in entry.get("calib", {}):
+                if not src.get(f"calib.{key}"):
+                    missing.append(f"{kind}.{name}.calib.{key}")
     return missing

@@ -99,3 +99,28 @@ def test_model_from_gguf_metadata():
     assert m.blob_bytes(0) == 2 * 256 * 144 + 256 * 210
     with pytest.raises(ValueError, match="no routed-expert tensors"):
         from_gguf_metadata(meta, {"output.weight": 14})
+
+
+def test_machine_calib_overrides_reach_the_costs(tmp_path):
+    """A machine's measured constants (catalogue `calib`) replace the seed-fitted ones in its Costs only; an
+    unknown name is an error, and a value without a source fails the catalogue check."""
+    import dataclasses
+    import json
+
+    from sim.calibration import CALIB
+    from sim.costs import Costs
+    from sim.hardware import Machine
+
+    base, m = machine("rtx5090-9950x3d"), model("qwen3-30b-a3b:Q4_K_M")
+    tuned = dataclasses.replace(base, calib={"cpu_job_us": CALIB.cpu_job_us + 100.0})
+    assert Costs(tuned, m).cpu_expert_us(0, 1) == pytest.approx(Costs(base, m).cpu_expert_us(0, 1) + 100.0)
+    assert Costs(base, m).calib is CALIB
+    with pytest.raises(AssertionError, match="not calibration.json fields"):
+        dataclasses.replace(base, calib={"cpu_speed": 2.0})
+    h = machine("h200-host16")
+    assert isinstance(h, Machine) and h.calib["cpu_job_us"] > 0 and hash(h)   # measured on the H200 (sourced)
+    data = json.loads(open(__import__("sim.hardware").hardware.CATALOGUE).read())
+    data["machines"]["h200-host16"]["sources"].pop("calib.cpu_job_us")
+    p = tmp_path / "cat.json"
+    p.write_text(json.dumps(data))
+    assert check(str(p)) == ["machines.h200-host16.calib.cpu_job_us"]

@@ -39,3 +39,24 @@ def test_trace(tmp_path):
     assert t.profile()[1].tolist() == [0.0, 0.5, 1 / 3, 1 / 6]
     with pytest.raises(AssertionError, match="holds 3 tokens"):
         t.counts(0, 2, 2)
+
+
+def test_run_residency_is_the_engines():
+    """Run(residency=...) replaces the hottest-first fill: the walk streams exactly the routed experts that the
+    given residency leaves out (an engine's own fill, e.g. the GPU engine's uniform order)."""
+    import dataclasses
+
+    from sim.engine import Run, prefill
+    from sim.hardware import machine
+    from sim.models import model
+    from sim.whatif import setting_config
+
+    sm = model("qwen3-30b-a3b:Q4_K_M")
+    sm = dataclasses.replace(sm, shape=dataclasses.replace(sm.shape, n_layer=2))
+    routing = ZipfRouting(2, sm.n_expert, sm.k, seed=3)
+    res = np.zeros((2, sm.n_expert), bool)
+    res[:, ::3] = True                                        # every third expert, not the hottest
+    r = prefill(Run(machine("h200-host16"), sm, 64, cfg=setting_config("off"), routing=routing,
+                    residency=tuple(map(tuple, res.tolist()))))
+    want = sum(int(((routing.counts(l, 0, 64) > 0) & ~res[l]).sum()) for l in range(2))
+    assert r.resident == int(res.sum()) and r.n_streamed == want

@@ -1,0 +1,121 @@
+"""The simulator's prediction for bench/cpu_share.py's runs (the CPU-share issue, item 5), in the run or later
+from its JSON: the same GGUF's expert sizes and types (sim.models.from_gguf_metadata), the engine's own cache
+residency during a prompt (uniform fill minus the lent tail, strata.accel.cache), the routing the engine saw
+(a trace) or, without one, the simulator's Zipf routing, and the catalogue machine. Fixed shares and off are
+one prompt each; auto is simulated over every length twice with one session, the second pass reported, as the
+bench measures auto's steady state (SPEC §6: the gate persists across requests).
+
+python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz] [--machine h200-host16]
+
+A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import numpy as np
+
+
+def engine_residency(cfg, cache_slots: int, loan_slots: int) -> tuple:
+    """Which (layer, expert) pairs the GPU engine holds during a prompt: the uniform fill's first
+    cache_slots - loan_slots pairs (the tail slots are lent to the prompt buffers, SPEC §9)."""
+    from strata.accel.cache import uniform_order
+
+    res = np.zeros((cfg.n_layer, cfg.n_expert), bool)
+    for l, e in uniform_order(cfg.n_layer, cfg.n_expert)[:max(0, cache_slots - loan_slots)]:
+        res[l, e] = True
+    return tuple(tuple(r) for r in res.tolist())
+
+
+def sim_model_of(m):
+    from sim.models import from_gguf_metadata
+
+    return from_gguf_metadata(m.metadata, {n: m.qtype(n) for n in m.tensors.names}, m.path)
+
+
+def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None) -> dict:
+    """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto'."""
+    from sim.engine import Run, Session, prefill
+    from sim.hardware import machine
+    from sim.whatif import setting_config
+    from strata.policy import share_policy
+
+    sm = sim_model_of(m)
+    # the pool's threads: its workers plus the thread that calls it (ExpertPool host=True)
+    mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers + 1, machine(machine_name).cpu.threads))
+    resident = engine_residency(m.cfg, plan.cache_slots, plan.loan_slots)
+    out = {}
+    for n in names:
+        cfg = setting_config("default" if n == "auto" else n)
+        session = None
+        for _ in range(2 if n == "auto" else 1):
+            for L in lengths:
+                run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
+                          routing=routing, residency=resident)
+                if session is None or n != "auto":
+                    session = Session(share_policy(run.share, run.gated))
+                out[(L, n)] = prefill(run, session).prompt_ms
+    return out
+
+
+def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
+    lines = [f"{'tokens':>7} " + " ".join(f"{n:>20}" for n in names)]
+    for L in lengths:
+        cells = []
+        for n in names:
+            ms, p = table[L][n]["ms"], pred[(L, n)]
+            cells.append(f"{ms:6.0f}/{p:6.0f} ({100 * (p / ms - 1):+5.0f}%)")
+        lines.append(f"{L:7d} " + " ".join(f"{x:>20}" for x in cells))
+    errs = [abs(pred[(L, n)] / table[L][n]["ms"] - 1) for L in lengths for n in names]
+    lines.append(f"largest |predicted / measured - 1|: {100 * max(errs):.0f}%")
+    return lines
+
+
+def _bench_plan(m, lengths):
+    """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula)."""
+    from strata.accel.memplan import plan_memory
+
+    c = m.cfg
+    n_ctx = max(lengths) + 16
+    full = plan_memory(m, 1 << 42, n_ctx=n_ctx)
+    budget = full.dense + full.kv + full.decode + 700 * 2**20 + int(0.25 * c.n_layer * c.n_expert) * full.slot_bytes
+    return plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget), n_ctx
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--json", required=True, help="bench/cpu_share.py --json output")
+    ap.add_argument("--trace", help=".npz routing trace (ids [layers, tokens, k]) of this model")
+    ap.add_argument("--machine", default="h200-host16")
+    a = ap.parse_args()
+    sys.path.insert(0, __file__.rsplit("/", 2)[0])
+    from sim.workload import TraceRouting
+    from strata import models
+
+    m = models.load(a.model)
+    report = json.load(open(a.json))
+    routing = None
+    if a.trace:
+        with np.load(a.trace) as z:
+            routing = TraceRouting(np.asarray(z["ids"], np.int64))
+    for label, rep in report.items():
+        table = {int(L): row for L, row in rep["table"].items()}
+        lengths = sorted(table)
+        names = list(next(iter(table.values())))
+        plan, n_ctx = _bench_plan(m, lengths)
+        if "plan" in rep:
+            assert (plan.chunk, plan.cache_slots) == (rep["plan"]["chunk"], rep["plan"]["cache_slots"]), \
+                f"the recomputed plan ({plan.chunk}, {plan.cache_slots}) is not the bench's {rep['plan']}"
+        pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing)
+        print(f"{label}: {rep['workers']} pool workers; simulator ({a.machine}, "
+              f"{'traced' if routing is not None else 'Zipf'} routing), ms: measured / predicted (error)")
+        print("\n".join(comparison_lines(table, pred, lengths, names)))
+
+
+if __name__ == "__main__":
+    main()
