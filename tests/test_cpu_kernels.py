@@ -217,48 +217,51 @@ def test_swiglu_matches_reference():
 
 
 def test_generic_vector_paths(monkeypatch):
-    """The decoders and fused dots have an AVX2 form (pshufb, pmaddubsw, pmaddwd) and a generic-IR form for other
-    CPUs; CI runs on AVX2, so compile the generic form here too and check both give the same integers."""
+    """The decoders and the block runs (runs.py) have an AVX2 form (pshufb, pmaddubsw, pmaddwd, psignb) and a
+    generic-IR form for other CPUs; CI runs on AVX2, so compile the generic form here too and check both give
+    the same integers and the same float32 bits."""
     from numba import njit
 
     from strata.accel.cpu import _vec
     from strata.accel.cpu import decode as Dd
+    from strata.accel.cpu import runs as RN
 
     rng = np.random.default_rng(11)
     a = K.quantize_act(rng.standard_normal((1, 256 * 6)).astype(np.float32), 15).reshape(-1)
+    dy = np.array([np.frombuffer(a[292 * b:292 * b + 4].tobytes(), np.float32)[0] for b in range(6)], np.float32)
     blocks = {t: quants.get(t).random_blocks(rng, 6, 0.05).reshape(-1) for t in (12, 13, 14, 20, 23, 17, 21)}
 
     def build():
         from strata.accel.cpu._llvm import dot_i16_i8_256
 
         @njit
-        def sums(wq4, wq5, wq6, w_nl, w_xs, w2xs, w3s, a):
-            out = np.zeros((6, 9), np.int64)
+        def sums(wq4, wq5, wq6, w_nl, w_xs, w2xs, w3s, a, dy):
+            out = np.zeros((6, 4), np.int64)
             sc = np.zeros(512, np.int16)
             aux = np.zeros(16, np.int32)
             for b in range(6):
-                Dd.dec_q4_k_sc(wq4, 144 * b, sc, aux)
-                out[b, 0] = Dd.dot_q4_k(wq4, 144 * b, a, 292 * b, sc)
-                Dd.dec_q4_k_sc(wq5, 176 * b, sc, aux)
-                out[b, 1] = Dd.dot_q5_k(wq5, 176 * b, a, 292 * b, sc)
-                Dd.dec_q6_k_sc(wq6, 210 * b, sc, aux)
-                out[b, 2] = Dd.dot_q6_k(wq6, 210 * b, a, 292 * b, sc)
                 Dd.dec_iq4_nl(w_nl, 18 * b, sc, aux)
-                out[b, 3] = np.int64(sc.view(np.int8)[:32].astype(np.int64).sum())
+                out[b, 0] = np.int64(sc.view(np.int8)[:32].astype(np.int64).sum())
                 Dd.dec_iq4_xs(w_xs, 136 * b, sc, aux)
-                out[b, 4] = np.int64(sc.view(np.int8)[:256].astype(np.int64).sum()) + aux[:8].sum()
-                out[b, 5] = Dd.dot_iq2_xs(w2xs, 74 * b, a, 292 * b, sc)      # fused grid dots ...
-                out[b, 6] = Dd.dot_iq3_s(w3s, 110 * b, a, 292 * b, sc)
-                Dd.dec_iq2_xs(w2xs, 74 * b, sc, aux)                        # ... and decode-then-dot
-                out[b, 7] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
+                out[b, 1] = np.int64(sc.view(np.int8)[:256].astype(np.int64).sum()) + aux[:8].sum()
+                Dd.dec_iq2_xs(w2xs, 74 * b, sc, aux)
+                out[b, 2] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
                 Dd.dec_iq3_s(w3s, 110 * b, sc, aux)
-                out[b, 8] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
-            return out
+                out[b, 3] = dot_i16_i8_256(sc, 0, a, 292 * b + 4)
+            f = np.zeros((5, 2), np.float32)       # runs of four blocks, then of two, from a non-zero sum
+            z = np.float32(0.5)
+            f[0, 0], f[0, 1] = RN.q4_k_x4(wq4, 0, a, 0, dy, 0, z), RN.q4_k_x2(wq4, 144 * 4, a, 292 * 4, dy, 4, z)
+            f[1, 0], f[1, 1] = RN.q5_k_x4(wq5, 0, a, 0, dy, 0, z), RN.q5_k_x2(wq5, 176 * 4, a, 292 * 4, dy, 4, z)
+            f[2, 0], f[2, 1] = RN.q6_k_x4(wq6, 0, a, 0, dy, 0, z), RN.q6_k_x2(wq6, 210 * 4, a, 292 * 4, dy, 4, z)
+            f[3, 0], f[3, 1] = RN.iq2_xs_x4(w2xs, 0, a, 0, dy, 0, z), RN.iq2_xs_x2(w2xs, 74 * 4, a, 292 * 4, dy, 4, z)
+            f[4, 0], f[4, 1] = RN.iq3_s_x4(w3s, 0, a, 0, dy, 0, z), RN.iq3_s_x2(w3s, 110 * 4, a, 292 * 4, dy, 4, z)
+            return out, f
 
-        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], blocks[17], blocks[21], a)
+        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], blocks[17], blocks[21], a, dy)
 
     native = build()
     monkeypatch.setattr(_vec, "_AVX2", False)
     generic = build()
-    assert np.array_equal(native, generic)
-    assert np.array_equal(native[:, 5:7], native[:, 7:9]), "fused grid dots differ from decode-then-dot"
+    assert np.array_equal(native[0], generic[0])
+    assert np.array_equal(native[1].view(np.uint32), generic[1].view(np.uint32))
+    assert np.all(native[1] != 0.5), "every run added its blocks"

@@ -25,8 +25,8 @@ if _X86 and not config.CPU_NAME and not config.CPU_FEATURES:
 
 
 class VB:
-    """Vector builder over one block: `base` (i8*) is the block, `dst`/`aux` (i8*) the outputs; in a fused dot
-    `act` (i8*) is the activation block and `dst` holds the block's decoded scales."""
+    """Vector builder over one block: `base` (i8*) is the block, `dst`/`aux` (i8*) the outputs; in a run over
+    blocks (runs.py) `act` (i8*) is the activation block."""
 
     def __init__(self, builder: ir.IRBuilder, base, dst, aux, act=None):
         self.b, self.base, self.dst, self.aux, self.act = builder, base, dst, aux, act
@@ -210,23 +210,4 @@ def decoder(build):
     return dec
 
 
-def fused(build):
-    """An intrinsic `dot(w, off, a, aoff, dst) -> int64`: one weight block (byte `off` of w) against one
-    activation block (byte `aoff` of a), decoding and multiplying in registers; `build(vb)` returns the exact
-    i32 sum, reading per-block scales a decoder left in dst."""
-
-    @intrinsic
-    def dot(typingctx, w, off, a, aoff, dst):
-        def codegen(context, builder, sig, args):
-            base = byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            act = byte_ptr(context, builder, sig.args[2], args[2], args[3])
-            d = byte_ptr(context, builder, sig.args[4], args[4], ir.Constant(I64, 0))
-            return builder.sext(build(VB(builder, base, d, None, act)), I64)
-
-        return types.int64(w, types.int64, a, types.int64, dst), codegen
-
-    dot.__name__ = build.__name__
-    return dot
-
-
-__all__ = ["VB", "decoder", "fused", "I8", "I16", "I32", "I64"]
+__all__ = ["VB", "decoder", "I8", "I16", "I32", "I64"]

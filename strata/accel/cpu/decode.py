@@ -4,9 +4,8 @@ Each decoder mirrors the unpacking of its class in strata/quants (the numpy refe
 bit layouts) and writes:
   32-weight types (Q8_0 activations / Q8_1)  dst int8[32] codes (Q2_0: int8[64])
   Q2_K, Q3_K and grid i-quants               dst int16[256] = sub-block scale · code (exact, |.| <= 4096)
-  Q4_K, Q5_K, Q6_K (and the grids, for one token) take fused dots instead: the decoder leaves only the scales
-                                             in dst, and `dot_*` multiplies codes held in registers
                                              (IQ1_M: a second int16[256] of scale · delta sign at byte 512)
+  (Q4_K, Q5_K, Q6_K at every T and the grids at one token multiply codes held in registers: runs.py)
   IQ4_XS                                     dst int8[256] codes, aux int32[8] = ls − 32 per 32-weight unit
   aux int32[16]                              the integers that meet the Q8_K bsums (mins, signed IQ1_S scales)
 Offsets below are byte offsets inside the block (ggml-common.h `block_*`).
@@ -16,8 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.accel.cpu._llvm import reduce_add
-from strata.accel.cpu._vec import VB, decoder, fused
+from strata.accel.cpu._vec import VB, decoder
 from strata.quants import iq_grids as G
 
 _KV_IQ4NL = [int(v) for v in G.KVALUES_IQ4NL]
@@ -129,63 +127,6 @@ def _scales_k4(v: VB):
     return v.zx(sc, 16), m
 
 
-# --- fused block · activation dots: codes stay in registers (u8 × s8 pairs, then × the sub-block scale) ------------
-@decoder
-def dec_q4_k_sc(v):  # d | dmin | scales[12] | ...: dst int16[8] scales, aux int32[16] mins against bsums
-    sc, m = _scales_k4(v)
-    v.put("dst", 0, sc)
-    v.put("aux", 0, v.zx(v.shuf(m, [j // 2 for j in range(16)]), 32))
-
-
-def _dot_q45k(v: VB, qs_off: int, qh_off: int | None):
-    """Σ_w sc_s·code·a over the block (exact): per 32-weight half-group, pmaddubsw(code, a) then pmaddwd(·, sc)."""
-    sc = v.ldd(0, 8, 16)
-    qh = v.ld(qh_off, 32) if qh_off is not None else None
-    acc = None
-    for g in range(4):
-        q = v.ld(qs_off + 32 * g, 32)
-        for h, c in enumerate((v.and_(q, 15), v.shr(q, 4))):
-            if qh is not None:
-                c = v.or_(c, v.shl(v.and_(v.shr(qh, 2 * g + h), 1), 4))
-            t = v.maddwd(v.maddubs(c, v.lda(4 + 64 * g + 32 * h, 32)), v.shuf(sc, [2 * g + h] * 16))
-            acc = t if acc is None else v.b.add(acc, t)
-    return reduce_add(v.b, acc)
-
-
-@fused
-def dot_q4_k(v):  # qs[128] at 16
-    return _dot_q45k(v, 16, None)
-
-
-@fused
-def dot_q5_k(v):  # qh[32] at 16, qs[128] at 48
-    return _dot_q45k(v, 48, 16)
-
-
-@decoder
-def dec_q6_k_sc(v):  # int8 scales[16] at 192: dst int16[16], aux int32[16] (for the −32 offset against bsums)
-    sc = v.sx(v.ld(192, 16), 16)
-    v.put("dst", 0, sc)
-    v.put("aux", 0, v.sx(sc, 32))
-
-
-@fused
-def dot_q6_k(v):
-    """Σ_w sc_s·(q + 32)·a with q + 32 in 0..63 (unsigned for pmaddubsw); the caller subtracts 32·Σ_s sc_s·bsums_s."""
-    sc = v.ldd(0, 16, 16)
-    acc = None
-    for n in range(2):
-        ql = (v.ld(64 * n, 32), v.ld(64 * n + 32, 32))
-        qh = v.ld(128 + 32 * n, 32)
-        for k in range(4):
-            low4 = v.and_(ql[k % 2], 15) if k < 2 else v.shr(ql[k % 2], 4)
-            q = v.or_(low4, v.shl(v.and_(v.shr(qh, 2 * k), 3), 4))
-            s = v.shuf(sc, [8 * n + 2 * k] * 8 + [8 * n + 2 * k + 1] * 8)
-            t = v.maddwd(v.maddubs(q, v.lda(4 + 128 * n + 32 * k, 32)), s)
-            acc = t if acc is None else v.b.add(acc, t)
-    return reduce_add(v.b, acc)
-
-
 @decoder
 def dec_iq4_xs(v):  # d | scales_h u16 | scales_l[4] | qs[128]
     for p in range(4):  # 32 bytes = sub-blocks 2p (bytes 0..15) and 2p + 1 (16..31)
@@ -218,28 +159,15 @@ def _ksigns(v: VB, ks, word, shifts):
 
 
 # Each grid type is written once as 32-weight chunks (chunk index, grid rows, 4 sign bytes, the odd multipliers of
-# its two 16-weight halves); `_decoded` stores scale·(±grid) as int16 for dots against many tokens, `_fused` moves
-# the signs onto the activations and multiplies in registers (pmaddubsw, then pmaddwd by the multipliers), for
-# one token. Grid values <= 62 and |a| <= 127 (our quantisers never emit −128) keep every i16 pair sum exact.
+# its two 16-weight halves); `_decoded` stores scale·(±grid) as int16 for dots against many tokens (runs.py reads
+# the same chunks for one token). Grid values <= 62 and |a| <= 127 (our quantisers never emit −128) keep every
+# i16 pair sum exact.
 def _decoded(chunks):
     def build(v):
         for ib, rows, signs, (m0, m1) in chunks(v):
             _signed_rows(v, rows, signs, v.cat(v.bcast(m0, 16), v.bcast(m1, 16)), 64 * ib)
 
     build.__name__ = "dec_" + chunks.__name__.strip("_")
-    return build
-
-
-def _fused(chunks):
-    def build(v):
-        acc = None
-        for ib, rows, signs, (m0, m1) in chunks(v):
-            sa = v.signed(v.lda(4 + 32 * ib, 32), signs)
-            t = v.maddwd(v.maddubs(v.bytes_of(v.pack(rows), 32), sa), v.cat(v.bcast(m0, 8), v.bcast(m1, 8)))
-            acc = t if acc is None else v.b.add(acc, t)
-        return reduce_add(v.b, acc)
-
-    build.__name__ = "dot_" + chunks.__name__.strip("_")
     return build
 
 
@@ -293,11 +221,11 @@ def _iq3_s(v):  # d | qs[64] | qh[8] | signs[32] | scales[4]
         yield ib, rows, v.ld(74 + 4 * ib, 4), (m, m)
 
 
-dec_iq2_xxs, dot_iq2_xxs = decoder(_decoded(_iq2_xxs)), fused(_fused(_iq2_xxs))
-dec_iq2_xs, dot_iq2_xs = decoder(_decoded(_iq2_xs)), fused(_fused(_iq2_xs))
-dec_iq2_s, dot_iq2_s = decoder(_decoded(_iq2_s)), fused(_fused(_iq2_s))
-dec_iq3_xxs, dot_iq3_xxs = decoder(_decoded(_iq3_xxs)), fused(_fused(_iq3_xxs))
-dec_iq3_s, dot_iq3_s = decoder(_decoded(_iq3_s)), fused(_fused(_iq3_s))
+dec_iq2_xxs = decoder(_decoded(_iq2_xxs))
+dec_iq2_xs = decoder(_decoded(_iq2_xs))
+dec_iq2_s = decoder(_decoded(_iq2_s))
+dec_iq3_xxs = decoder(_decoded(_iq3_xxs))
+dec_iq3_s = decoder(_decoded(_iq3_s))
 
 
 @decoder

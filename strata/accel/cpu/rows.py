@@ -85,26 +85,27 @@ def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
 
 
 @njit(inline="always")
-def _loop1(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
-    """One token, Q8_K activations: each row's blocks in runs of four, then one run of the 1..3 left (runs.py),
-    the row's sum held in a register."""
+def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """Q8_K activations, token by token: each row's blocks in runs of four, then one run of the 1..3 left
+    (runs.py), the row's sum held in a register; the row's weights stay in L1 across its T tokens."""
     nb = wrow // bs
-    codes, aux, acc, dy, sy = _carve(ws, 1, nb)
-    act_scales(a, 0, 1, nb, 292, dy, sy)
+    codes, aux, acc, dy, sy = _carve(ws, T, nb)
+    act_scales(a, arow, T, nb, 292, dy, sy)
     for r in range(r0, r1):
         prefetch(w, r * wrow + PREFETCH_BYTES, wrow)       # ahead of the hardware streamers (they stop at pages)
-        s = _F0
-        b = 0
-        while b + 4 <= nb:
-            s = run4(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
-            b += 4
-        if nb - b == 3:
-            s = run3(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
-        elif nb - b == 2:
-            s = run2(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
-        elif nb - b == 1:
-            s = run1(w, r * wrow + b * bs, a, 292 * b, dy, b, s)
-        out[r] = s
+        for t in range(T):
+            s = _F0
+            b = 0
+            while b + 4 <= nb:
+                s = run4(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
+                b += 4
+            if nb - b == 3:
+                s = run3(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
+            elif nb - b == 2:
+                s = run2(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
+            elif nb - b == 1:
+                s = run1(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
+            out[t * ostride + r] = s
 
 
 # --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------
@@ -185,35 +186,24 @@ def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
 
 # --- blocks with Q8_K activations (292 bytes: f32 d | qs[256] | bsums[16]) -------------------------------------
 @njit(inline="always")
-def blk_mins(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) − (dmin·dy)·f(summs)
-    if qt == Q4_K or qt == Q5_K:
-        D.dec_q4_k_sc(w, o, codes, aux)   # scales and mins; the codes meet the activations in registers
-        d, dm = f16_at(w, o), f16_at(w, o + 2)
-    else:
-        D.dec_q2_k(w, o, codes, aux)
-        d, dm = f16_at(w, o + 80), f16_at(w, o + 82)
+def blk_mins(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # Q2_K: (d·dy)·f(isum) − (dmin·dy)·f(summs)
+    D.dec_q2_k(w, o, codes, aux)          # (Q4_K/Q5_K take runs.py at every T)
+    d, dm = f16_at(w, o + 80), f16_at(w, o + 82)
     for t in range(T):
         ao = t * arow + 292 * b
         dyv = dy[t * nba + b]
-        if qt == Q4_K:
-            isum = np.float32(D.dot_q4_k(w, o, a, ao, codes))
-        elif qt == Q5_K:
-            isum = np.float32(D.dot_q5_k(w, o, a, ao, codes))
-        else:
-            isum = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
+        isum = np.float32(dot_i16_i8_256(codes, 0, a, ao + 4))
         summs = np.float32(dot_i32_i16_16(aux, 0, a, ao + 260))
         acc[t] += (d * dyv) * isum - (dm * dyv) * summs
 
 
 @njit(inline="always")
-def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) [· ggml's tail]
+def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy)·f(isum) [· ggml's tail]: Q3_K, and
+    # the grid i-quants at T > 1 (Q6_K takes runs.py at every T)
     tail = _F0
     if qt == Q3_K:
         D.dec_q3_k(w, o, codes, aux)
         d = f16_at(w, o + 108)
-    elif qt == Q6_K:
-        D.dec_q6_k_sc(w, o, codes, aux)   # scales only: see the token loop
-        d = f16_at(w, o + 208)
     elif qt == IQ3_S:
         D.dec_iq3_s(w, o, codes, aux)
         d = f16_at(w, o)
@@ -231,10 +221,7 @@ def blk_single(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (d·dy
         d, tail = f16_at(w, o), _F025
     for t in range(T):
         ao = t * arow + 292 * b
-        if qt == Q6_K:   # Σ sc·q·a = Σ sc·(q + 32)·a − 32·Σ_s sc_s·bsums_s
-            isum = D.dot_q6_k(w, o, a, ao, codes) - 32 * dot_i32_i16_16(aux, 0, a, ao + 260)
-        else:
-            isum = dot_i16_i8_256(codes, 0, a, ao + 4)
+        isum = dot_i16_i8_256(codes, 0, a, ao + 4)
         bv = (d * dy[t * nba + b]) * np.float32(isum)
         if tail != _F0:  # IQ2_* and IQ3_XXS: ggml scales by 0.125f / 0.25f (per block here, see iquants.py)
             bv = bv * tail
@@ -275,45 +262,40 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
-    if qt == Q4_K and T == 1:
-        _loop1(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, out, ws)
-    elif qt == Q5_K and T == 1:
-        _loop1(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, out, ws)
-    elif qt == Q6_K and T == 1:
-        _loop1(RN.q6_k_x4, RN.q6_k_x3, RN.q6_k_x2, RN.q6_k_x1, 210, w, wrow, r0, r1, a, out, ws)
-    elif qt == Q4_K:
-        _loop(blk_mins, 144, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_K, ws)
+    if qt == Q4_K:   # K-quants in runs at every T (1.2-1.3x _loop at T = 2..8); grid i-quants at T = 1 only,
+        # where re-deriving a grid block per token costs less than it saves (1.8x slower at T = 8)
+        _loop_runs(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
     elif qt == Q5_K:
-        _loop(blk_mins, 176, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_K, ws)
+        _loop_runs(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+    elif qt == Q6_K:
+        _loop_runs(RN.q6_k_x4, RN.q6_k_x3, RN.q6_k_x2, RN.q6_k_x1, 210, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
     elif qt == Q2_K:
         _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K, ws)
-    elif qt == Q6_K:
-        _loop(blk_single, 210, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q6_K, ws)
     elif qt == Q3_K:
         _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
     elif qt == IQ3_S:
         if T == 1:
-            _loop1(RN.iq3_s_x4, RN.iq3_s_x3, RN.iq3_s_x2, RN.iq3_s_x1, 110, w, wrow, r0, r1, a, out, ws)
+            _loop_runs(RN.iq3_s_x4, RN.iq3_s_x3, RN.iq3_s_x2, RN.iq3_s_x1, 110, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
             _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
     elif qt == IQ2_XXS:
         if T == 1:
-            _loop1(RN.iq2_xxs_x4, RN.iq2_xxs_x3, RN.iq2_xxs_x2, RN.iq2_xxs_x1, 66, w, wrow, r0, r1, a, out, ws)
+            _loop_runs(RN.iq2_xxs_x4, RN.iq2_xxs_x3, RN.iq2_xxs_x2, RN.iq2_xxs_x1, 66, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
             _loop(blk_single, 66, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XXS, ws)
     elif qt == IQ2_XS:
         if T == 1:
-            _loop1(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, 74, w, wrow, r0, r1, a, out, ws)
+            _loop_runs(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, 74, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
             _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
     elif qt == IQ2_S:
         if T == 1:
-            _loop1(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, out, ws)
+            _loop_runs(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
             _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
     elif qt == IQ3_XXS:
         if T == 1:
-            _loop1(RN.iq3_xxs_x4, RN.iq3_xxs_x3, RN.iq3_xxs_x2, RN.iq3_xxs_x1, 98, w, wrow, r0, r1, a, out, ws)
+            _loop_runs(RN.iq3_xxs_x4, RN.iq3_xxs_x3, RN.iq3_xxs_x2, RN.iq3_xxs_x1, 98, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
             _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
     elif qt == IQ4_XS:
