@@ -13,7 +13,7 @@ from strata.reference.engine import RefEngine
 from strata.reference.linalg import Path
 from strata.tokenizer import Tokenizer
 
-from test_accel_engine import kl, make_device, top1_agreement
+from test_accel_engine import KL_MAX, kl, make_device, top1_agreement
 
 NAMES = golden.golden_models()
 
@@ -78,3 +78,31 @@ def test_fixed_share_matches_the_reference_placement(kind, name, pool):
     print(f"{kind} {name}: CPU took {took} experts; first-token KL max {max(kls):.2e}; top-1 {agree:.4f} "
           f"({excluded} near-ties excluded)")
     assert max(kls) <= 0.01 and agree >= 0.99
+
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_misses_on_the_cpu_match_the_reference_placement(kind, name, pool):
+    """Decode with nothing cached: the pool computes its share of the misses (SPEC §8) on the q8 path, the rest
+    stream; the reference, given the same placement for that step, computes the same logits within tolerance."""
+    m = models.load(golden.model_path(name))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
+    dev = make_device(kind)
+    try:
+        e = _engine(m, dev, pool, 0.0, 0)
+        nxt = int(np.argmax(e.prefill(ids)))
+        got = e.decode([nxt])[-1]
+        taken = dict(e.cpu_block.last_cpu)
+    finally:
+        dev.close()
+    assert sum(map(len, taken.values())) > 0, "the CPU took no decode miss: the test would prove nothing"
+    state = {"taken": {}}
+    place = lambda l, x: Path.Q8 if x in state["taken"].get(l, ()) else Path.FLOAT   # noqa: E731
+    ref = RefEngine(m, Path.FLOAT, placement=place, n_ctx=len(ids) + 2)
+    ref.prefill(ids)
+    state["taken"] = taken                                      # the decode step's placement
+    want = ref.decode(nxt)
+    want = want[-1] if want.ndim == 2 else want
+    agree, _ = top1_agreement(want[None, :], got[None, :])          # a near-tie is not held to top-1
+    print(f"{kind} {name}: CPU took {sum(map(len, taken.values()))} decode misses; KL {kl(want, got):.2e}")
+    assert kl(want, got) <= KL_MAX and agree == 1.0

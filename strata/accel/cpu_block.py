@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from strata.policy import CHOOSERS, ChooserKind, LayerEnd, llround, share_policy
+from strata.policy import CHOOSERS, MAXT, ChooserKind, LayerEnd, llround, share_policy
 from strata.policy.share import ShareKind
 
 
@@ -30,7 +30,12 @@ class CpuBlock:
         D, K = cfg.n_embd, cfg.n_expert_used
         # pinned staging, sized once for the largest step so no window pays an allocation
         self.x_host = dev.pinned(cap * D * 4).view(np.float32).reshape(cap, D)
-        self.rows_host = dev.pinned(cap * K * D * 4).view(np.float32).reshape(cap * K, D)
+        # the CPU's rows: its experts take at most MAXT tokens each (the share's candidates, SPEC §4; a decode
+        # round), so at most n_expert·MAXT rows, however long the chunk
+        rows = min(cap * K, cfg.n_expert * MAXT)
+        self.rows_host = dev.pinned(rows * D * 4).view(np.float32).reshape(rows, D)
+        self.xs_host = np.empty((rows, D), np.float32)            # the CPU experts' input rows, in row order
+        self._templates: dict = {}
         self.ev = [[dev.event() for _ in range(4)] for _ in range(2)]   # per parity: wall0, wall1, cpu0, cpu1
         self.parity = 0
         self.pending_parity = None
@@ -38,6 +43,7 @@ class CpuBlock:
         self.cpu_ms = 0.0
         self.stats = {"layers": 0, "cpu_experts": 0, "shared_layers": 0}
         self.taken: list[tuple[int, tuple[int, ...]]] = []   # (layer, CPU experts) of the prefill layers, in order
+        self.last_cpu: dict[int, tuple[int, ...]] = {}        # layer -> the CPU's experts in the latest step
         self.decode_frac = 0.5           # decode: the share of misses the CPU takes (cost model, below)
         self._c_ms = self._g_ms = None
         self.log = log or (lambda s: print(s, file=sys.stderr))
@@ -98,21 +104,46 @@ class CpuBlock:
 
     def _run(self, jobs) -> None:
         t0 = time.perf_counter()
-        self.pool.run(jobs)
+        self.pool.run_plan(*jobs)
         self.cpu_ms = (time.perf_counter() - t0) * 1e3
 
     def _jobs(self, layer: int, lay):
+        """The pool's plan rows for the layout's CPU experts, built in numpy: one gather of their input rows in
+        row order, then per expert its blob's addresses and its slices of the inputs and of the output rows."""
+        from strata.accel.cpu import _sched as S
+        from strata.accel.cpu._llvm import address
+
+        D = self.cfg.n_embd
+        cpu = np.asarray(lay.cpu, np.int64)
+        r0 = np.fromiter((lay.off[e] for e in lay.cpu), np.int64, len(lay.cpu))
+        n = lay.cnt[cpu].astype(np.int64)
+        base, rows = int(r0[0]), int(n.sum())                     # the CPU block is the tail, in id order
+        xs = self.xs_host[:rows]
+        np.take(self.x_host, lay.src[base:base + rows], axis=0, out=xs)
+        tmpl, blob0, stride = self._template(layer)
+        plan = np.repeat(tmpl[None, :], len(cpu), axis=0)
+        for j, col in enumerate((S.J_GW, S.J_UW, S.J_DW)):
+            plan[:, col] = blob0[j] + cpu * stride
+        plan[:, S.J_N] = n
+        plan[:, S.J_X] = address(xs) + (r0 - base) * D * 4
+        plan[:, S.J_OUT] = address(self.rows_host) + (r0 - base) * D * 4
+        return plan, np.arange(len(cpu), dtype=np.int64), (xs, self.rows_host, self.arena.layers[layer])
+
+    def _template(self, layer: int):
+        """A plan row for this layer's experts (the pool's own, from a one-row job), the addresses of expert 0's
+        gate, up and down, and the blob stride: per layer format, once."""
+        from strata.accel.cpu import _sched as S
         from strata.accel.cpu.pool import ExpertJob
 
-        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
-        types = self.arena.types[layer]
-        base = lay.off[lay.cpu[0]]                                # the CPU block is the tail, in id order
-        jobs = []
-        for e in lay.cpu:
-            r0, n = lay.off[e], int(lay.cnt[e])
-            x = np.ascontiguousarray(self.x_host[lay.src[r0:r0 + n]])
-            jobs.append(ExpertJob(self.arena.blob(layer, e), types, D, F, x, self.rows_host[r0 - base:r0 - base + n]))
-        return jobs
+        got = self._templates.get(layer)
+        if got is None:
+            D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+            blobs = self.arena.layers[layer]
+            job = ExpertJob(blobs[0], self.arena.types[layer], D, F, self.x_host[:1], self.rows_host[:1])
+            plan, _, _ = self.pool.plan([job])
+            got = self._templates[layer] = (plan[0].copy(), plan[0, [S.J_GW, S.J_UW, S.J_DW]].copy(),
+                                            blobs.strides[0])
+        return got
 
     def gpu_done(self, stream) -> None:
         """After the GPU's expert work is enqueued: the meter's window closes there."""
@@ -126,6 +157,7 @@ class CpuBlock:
             self.thread = None
         if eligible:
             self.taken.append((layer, tuple(lay.cpu)))
+        self.last_cpu[layer] = tuple(lay.cpu)
         if lay.cpu:
             base = lay.off[lay.cpu[0]]
             n = sum(int(lay.cnt[e]) for e in lay.cpu)

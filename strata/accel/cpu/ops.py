@@ -153,7 +153,7 @@ class CpuOps(RefOps):
         q = np.ascontiguousarray(q, np.float32)
         pos = np.ascontiguousarray(pos, np.int64)
         out = np.empty((T, H * hd), np.float32)                           # [T, H*hd]
-        plan = np.zeros((1, S.JF), np.int64)                               # an AttentionJob's row (pool._plan)
+        plan = np.zeros((1, S.JF), np.int64)                               # an AttentionJob's row (pool.plan)
         p = plan[0]
         p[S.J_KIND], p[S.J_N], p[S.J_D], p[S.J_F] = S.JOB_ATTN, T, int(pos[-1]) + 1, H
         p[S.J_GT], p[S.J_GROW], p[S.J_UT] = kt.shape[0], hd, kt.shape[2]

@@ -238,7 +238,7 @@ class ExpertPool:
     def run(self, jobs: list) -> None:
         """Run a batch of ExpertJob / LinearJob / AttentionJob; returns when every `out` is written."""
         if jobs:
-            plan, owner, keep = self._plan(jobs)
+            plan, owner, keep = self.plan(jobs)
             self.run_plan(plan, owner, keep)
 
     def run_plan(self, plan: np.ndarray, owner: np.ndarray, keep=None) -> None:
@@ -272,8 +272,9 @@ class ExpertPool:
                         self._done.wait(0.01)
                         self._done.clear()
 
-    def _plan(self, jobs):
-        """Plan rows from job objects (the general path; CpuOps builds rows itself)."""
+    def plan(self, jobs):
+        """Plan rows from job objects: (plan [J, JF], owner [J], what to keep alive). The general path; CpuOps
+        and the GPU engine's CPU block build rows themselves, from one such row per layer format."""
         nj = len(jobs)
         plan = np.zeros((nj, S.JF), np.int64)
         owner = np.arange(nj, dtype=np.int64)
