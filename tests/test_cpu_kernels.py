@@ -153,13 +153,13 @@ _RUN_TYPES = ("Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "
 
 
 @pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in _RUN_TYPES], ids=lambda c: c.name)
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), n_rows=st.sampled_from([1, 3, 5]), n_blocks=st.integers(1, 9),
-       pattern=st.sampled_from(["random", "zero", "extreme"]))
-def test_one_token_runs(cls, seed, n_rows, n_blocks, pattern):
-    """One token takes runs of four blocks and one run of the 1..3 left (strata/accel/cpu/runs.py): every
-    row length up to 9 blocks, with random, all-zero and extreme blocks (random code bytes under the largest
-    finite scale)."""
+       pattern=st.sampled_from(["random", "zero", "extreme"]), tokens=st.sampled_from([1, 2, 7, MAXT]))
+def test_block_runs(cls, seed, n_rows, n_blocks, pattern, tokens):
+    """Runs of four blocks and one run of the 1..3 left (strata/accel/cpu/runs.py), at one token, a few, and a
+    full MAXT job (the K-quants' shared-unpack runs): every row length up to 9 blocks, with random, all-zero
+    and extreme blocks (random code bytes under the largest finite scale)."""
     rng = np.random.default_rng(seed)
     k = 256 * n_blocks
     if pattern == "random":
@@ -172,10 +172,22 @@ def test_one_token_runs(cls, seed, n_rows, n_blocks, pattern):
         for off in _SCALE_OFFSETS[cls.name]:
             w[:, off:off + 2] = np.array([65504.0], np.float16).view(np.uint8)
     w = w.reshape(n_rows, -1)
-    x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 1e3])).astype(np.float32)
+    x = (rng.standard_normal((tokens, k)) * rng.choice([0.01, 1.0, 1e3])).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         ref = quants.q8_matmul(x, w, cls.qtype)
-    _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} one token, {pattern} blocks")
+    _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} {tokens} tokens, {pattern} blocks")
+
+
+@pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q5_K", "Q6_K")], ids=lambda c: c.name)
+def test_full_job_runs_every_tail(cls):
+    """A full MAXT job (one weight unpack shared by eight tokens, runs.run_tokens) for every run tail: rows of
+    1..9 blocks, each against eight distinct token rows."""
+    rng = np.random.default_rng(17)
+    for n_blocks in range(1, 10):
+        w = cls.random_blocks(rng, 3 * n_blocks, 0.05).reshape(3, -1)
+        x = rng.standard_normal((MAXT, 256 * n_blocks)).astype(np.float32)
+        _same_bits(K.q8_matmul(x, w, cls.qtype), quants.q8_matmul(x, w, cls.qtype),
+                   f"{cls.name} {MAXT} tokens, {n_blocks} blocks")
 
 
 @pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q8_0", "IQ2_XS", "F16")],

@@ -85,6 +85,31 @@ def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
 
 
 @njit(inline="always")
+def _loop_runs8(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, out, ostride, ws):
+    """Eight tokens, Q8_K activations: runs.run_tokens, each weight block read and unpacked once for all eight
+    (one token's sum per lane of acc, in block order as in _loop_runs)."""
+    nb = wrow // bs
+    codes, aux, acc, dy, sy = _carve(ws, 8, nb)
+    act_scales(a, arow, 8, nb, 292, dy, sy)
+    for r in range(r0, r1):
+        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
+        for t in range(8):
+            acc[t] = _F0
+        b = 0
+        while b + 4 <= nb:
+            run4(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
+            b += 4
+        if nb - b == 3:
+            run3(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
+        elif nb - b == 2:
+            run2(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
+        elif nb - b == 1:
+            run1(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
+        for t in range(8):
+            out[t * ostride + r] = acc[t]
+
+
+@njit(inline="always")
 def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """Q8_K activations, token by token: each row's blocks in runs of four, then one run of the 1..3 left
     (runs.py), the row's sum held in a register; the row's weights stay in L1 across its T tokens."""
@@ -262,8 +287,18 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
 def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
     a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
-    if qt == Q4_K:   # K-quants in runs at every T (1.2-1.3x _loop at T = 2..8); grid i-quants at T = 1 only,
-        # where re-deriving a grid block per token costs less than it saves (1.8x slower at T = 8)
+    # K-quants in runs at every T (1.2-1.3x _loop at T = 2..8), a full job of eight tokens sharing each block's
+    # unpacking; grid i-quants in runs at T = 1 only (re-deriving a grid block per token: 1.8x slower at T = 8)
+    if qt == Q4_K and T == 8:
+        _loop_runs8(RN.q4_k_x4_t8, RN.q4_k_x3_t8, RN.q4_k_x2_t8, RN.q4_k_x1_t8, 144, w, wrow, r0, r1, a, arow, out,
+                    ostride, ws)
+    elif qt == Q5_K and T == 8:
+        _loop_runs8(RN.q5_k_x4_t8, RN.q5_k_x3_t8, RN.q5_k_x2_t8, RN.q5_k_x1_t8, 176, w, wrow, r0, r1, a, arow, out,
+                    ostride, ws)
+    elif qt == Q6_K and T == 8:
+        _loop_runs8(RN.q6_k_x4_t8, RN.q6_k_x3_t8, RN.q6_k_x2_t8, RN.q6_k_x1_t8, 210, w, wrow, r0, r1, a, arow, out,
+                    ostride, ws)
+    elif qt == Q4_K:
         _loop_runs(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
     elif qt == Q5_K:
         _loop_runs(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, arow, T, out, ostride, ws)

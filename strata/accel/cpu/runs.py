@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from strata.accel.cpu._llvm import F32T, I16, I32, I64, _half_to_float, _F16C, byte_ptr, load_at, vec
+from strata.accel.cpu._llvm import F32T, I16, I32, I64, _half_to_float, _F16C, byte_ptr, load_at, store_at, vec
 from strata.accel.cpu._vec import VB
 from strata.accel.cpu import _vec
 from strata.accel.cpu import decode as D
@@ -71,6 +71,38 @@ def _f16s(b: ir.IRBuilder, ptrs):
     return v
 
 
+def _values(builder, body, bs: int, n: int, tail, wp, ap, dp):
+    """<n x float>: the values of n blocks at wp (activations at ap, their scales at dp), the scalar formula's
+    own IEEE operations lane by lane (lane i = block i)."""
+    gep = lambda p, k: builder.gep(p, [ir.Constant(I64, k)])  # noqa: E731
+    vecs, halves = [], []
+    for i in range(n):
+        vs, hs = body(VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i)))
+        vecs += vs
+        halves += [gep(wp, bs * i + h) for h in hs]
+    per, m = len(vecs) // n, len(vecs)
+    pad = 1 << (m - 1).bit_length()   # the reduction tree takes a power of two: pad with zeros
+    sums = hsums(builder, vecs + [ir.Constant(vecs[0].type, [0] * 8)] * (pad - m))
+    if pad != m:
+        sums = _shuf(builder, sums, sums, range(m))
+    # lane j = per·i + k: block i's k-th integer sum and fp16 scale
+    fs = builder.sitofp(sums, vec(F32T, m))
+    dyv = load_at(builder, dp, vec(F32T, n), align=4)
+    dyv = _shuf(builder, dyv, dyv, [j // per for j in range(m)])
+    x = builder.fmul(builder.fmul(_f16s(builder, halves), dyv), fs)
+    if per == 2:
+        x = builder.fsub(_shuf(builder, x, x, range(0, m, 2)), _shuf(builder, x, x, range(1, m, 2)))
+    elif tail is not None:
+        x = builder.fmul(x, ir.Constant(vec(F32T, n), [tail] * n))
+    return x
+
+
+def _add_in_order(builder, s, x, n: int):
+    for i in range(n):   # block values in block order
+        s = builder.fadd(s, builder.extract_element(x, ir.Constant(I32, i)))
+    return s
+
+
 def run(body, bs: int, n: int, tail: float | None = None):
     """The intrinsic for n consecutive blocks of bs bytes. body(v) -> (vecs, halves): one or two <8 x i32>
     exact integer vectors and the block-relative offsets of as many fp16 scales; the block value is
@@ -82,35 +114,39 @@ def run(body, bs: int, n: int, tail: float | None = None):
             wp = byte_ptr(context, builder, sig.args[0], args[0], args[1])
             ap = byte_ptr(context, builder, sig.args[2], args[2], args[3])
             dp = byte_ptr(context, builder, sig.args[4], args[4], builder.mul(args[5], ir.Constant(I64, 4)))
-            gep = lambda p, k: builder.gep(p, [ir.Constant(I64, k)])  # noqa: E731
-            vecs, halves = [], []
-            for i in range(n):
-                vs, hs = body(VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i)))
-                vecs += vs
-                halves += [gep(wp, bs * i + h) for h in hs]
-            per, m = len(vecs) // n, len(vecs)
-            pad = 1 << (m - 1).bit_length()   # the reduction tree takes a power of two: pad with zeros
-            sums = hsums(builder, vecs + [ir.Constant(vecs[0].type, [0] * 8)] * (pad - m))
-            if pad != m:
-                sums = _shuf(builder, sums, sums, range(m))
-            # lane j = per·i + k: block i's k-th integer sum and fp16 scale; lane-wise float ops are the
-            # scalar formula's own IEEE operations
-            fs = builder.sitofp(sums, vec(F32T, m))
-            dyv = load_at(builder, dp, vec(F32T, n), align=4)
-            dyv = _shuf(builder, dyv, dyv, [j // per for j in range(m)])
-            x = builder.fmul(builder.fmul(_f16s(builder, halves), dyv), fs)
-            if per == 2:
-                x = builder.fsub(_shuf(builder, x, x, range(0, m, 2)), _shuf(builder, x, x, range(1, m, 2)))
-            elif tail is not None:
-                x = builder.fmul(x, ir.Constant(vec(F32T, n), [tail] * n))
-            s = args[6]
-            for i in range(n):   # block values in block order
-                s = builder.fadd(s, builder.extract_element(x, ir.Constant(I32, i)))
-            return s
+            return _add_in_order(builder, args[6], _values(builder, body, bs, n, tail, wp, ap, dp), n)
 
         return types.float32(w, types.int64, a, types.int64, dy, types.int64, types.float32), codegen
 
     blocks.__name__ = f"{body.__name__}_x{n}"
+    return blocks
+
+
+def run_tokens(body, bs: int, n: int, T: int, tail: float | None = None):
+    """`run` for T tokens at once: blocks(w, o, a, ao, arow, dy, bi, nb, accs) adds the n blocks' values for
+    token t (activations at ao + t·arow, scales at dy[bi + t·nb]) to accs[t], in block order. Every token's
+    code is emitted before any store, so LLVM shares each weight load and unpack across the T tokens."""
+
+    @intrinsic
+    def blocks(typingctx, w, o, a, ao, arow, dy, bi, nb, accs):
+        def codegen(context, builder, sig, args):
+            wp = byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            accp = byte_ptr(context, builder, sig.args[8], args[8], ir.Constant(I64, 0))
+            sums = []
+            for t in range(T):
+                k = ir.Constant(I64, t)
+                ap = byte_ptr(context, builder, sig.args[2], args[2], builder.add(args[3], builder.mul(args[4], k)))
+                di = builder.add(args[6], builder.mul(args[7], k))
+                dp = byte_ptr(context, builder, sig.args[5], args[5], builder.mul(di, ir.Constant(I64, 4)))
+                acc = load_at(builder, builder.gep(accp, [ir.Constant(I64, 4 * t)]), F32T, align=4)
+                sums.append(_add_in_order(builder, acc, _values(builder, body, bs, n, tail, wp, ap, dp), n))
+            for t, s in enumerate(sums):
+                store_at(builder, s, builder.gep(accp, [ir.Constant(I64, 4 * t)]), align=4)
+            return context.get_dummy_value()
+
+        return types.void(w, types.int64, a, types.int64, types.int64, dy, types.int64, types.int64, accs), codegen
+
+    blocks.__name__ = f"{body.__name__}_x{n}_t{T}"
     return blocks
 
 
@@ -210,9 +246,17 @@ def _runs(body, bs, tail=None):
     return tuple(run(body, bs, n, tail) for n in (4, 3, 2, 1))
 
 
+def _runs8(body, bs):
+    return tuple(run_tokens(body, bs, n, 8) for n in (4, 3, 2, 1))
+
+
 q4_k_x4, q4_k_x3, q4_k_x2, q4_k_x1 = _runs(q4_k, 144)
 q5_k_x4, q5_k_x3, q5_k_x2, q5_k_x1 = _runs(q5_k, 176)
 q6_k_x4, q6_k_x3, q6_k_x2, q6_k_x1 = _runs(q6_k, 210)
+# eight tokens (a full MAXT job: most of a prompt's expert and dense work)
+q4_k_x4_t8, q4_k_x3_t8, q4_k_x2_t8, q4_k_x1_t8 = _runs8(q4_k, 144)
+q5_k_x4_t8, q5_k_x3_t8, q5_k_x2_t8, q5_k_x1_t8 = _runs8(q5_k, 176)
+q6_k_x4_t8, q6_k_x3_t8, q6_k_x2_t8, q6_k_x1_t8 = _runs8(q6_k, 210)
 iq2_xxs_x4, iq2_xxs_x3, iq2_xxs_x2, iq2_xxs_x1 = _runs(_grid(D._iq2_xxs), 66, 0.125)
 iq2_xs_x4, iq2_xs_x3, iq2_xs_x2, iq2_xs_x1 = _runs(iq2_xs, 74, 0.125)
 iq2_s_x4, iq2_s_x3, iq2_s_x2, iq2_s_x1 = _runs(_grid(D._iq2_s), 82, 0.125)
