@@ -178,6 +178,35 @@ def test_block_runs(cls, seed, n_rows, n_blocks, pattern, tokens):
     _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} {tokens} tokens, {pattern} blocks")
 
 
+@pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q8_0", "Q4_0", "IQ4_NL")], ids=lambda c: c.name)
+@pytest.mark.parametrize("pattern", ["random", "zero", "extreme", "saturated"])
+def test_one_token_runs_of_32_weight_blocks(cls, pattern):
+    """One token over 32-weight blocks in runs of 8, 4, 2, 1 (strata/accel/cpu/runs32.py): every row length of 1
+    to 19 blocks (each tail), with random, all-zero and extreme blocks (random code bytes, the largest scale),
+    and saturated ones (every code at its largest against equal activations: |sumi| > 2^13, where the order of
+    the three float factors shows in the bits)."""
+    rng = np.random.default_rng(23)
+    for m in range(1, 20):
+        if pattern == "random":
+            w = cls.random_blocks(rng, 3 * m, 0.05)
+        elif pattern == "zero":
+            w = np.zeros((3 * m, cls.type_size), np.uint8)
+            w[::2] = cls.random_blocks(rng, len(w[::2]), 0.05).reshape(-1, cls.type_size)
+        elif pattern == "extreme":
+            w = rng.integers(0, 256, size=(3 * m, cls.type_size), dtype=np.uint8)
+            w[:, 0:2] = np.array([65504.0], np.float16).view(np.uint8)
+        else:
+            w = np.full((3 * m, cls.type_size), 0x7F if cls.name == "Q8_0" else 0xFF, np.uint8)
+            w[:, 0:2] = rng.uniform(0.001, 0.1, 3 * m).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        w = w.reshape(3, -1)
+        x = (rng.standard_normal((1, 32 * m)) * rng.choice([0.01, 1.0, 1e3])).astype(np.float32)
+        if pattern == "saturated":
+            x = rng.uniform(0.5, 1.0, (1, 32 * m)).astype(np.float32)   # one sign, codes 64..127: odd big sums
+        with np.errstate(over="ignore", invalid="ignore"):
+            ref = quants.q8_matmul(x, w, cls.qtype)
+        _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} one token, {m} blocks, {pattern}")
+
+
 @pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q5_K", "Q6_K")], ids=lambda c: c.name)
 def test_full_job_runs_every_tail(cls):
     """A full MAXT job (one weight unpack shared by eight tokens, runs.run_tokens) for every run tail: rows of
@@ -237,10 +266,14 @@ def test_generic_vector_paths(monkeypatch):
     from strata.accel.cpu import _vec
     from strata.accel.cpu import decode as Dd
     from strata.accel.cpu import runs as RN
+    from strata.accel.cpu import runs32 as R32
 
     rng = np.random.default_rng(11)
     a = K.quantize_act(rng.standard_normal((1, 256 * 6)).astype(np.float32), 15).reshape(-1)
     dy = np.array([np.frombuffer(a[292 * b:292 * b + 4].tobytes(), np.float32)[0] for b in range(6)], np.float32)
+    a0 = K.quantize_act(rng.standard_normal((1, 32 * 10)).astype(np.float32), 8).reshape(-1)    # Q8_0 rows
+    dy0 = np.array([np.frombuffer(a0[34 * b:34 * b + 2].tobytes(), np.float16)[0] for b in range(10)], np.float32)
+    b32 = {t: quants.get(t).random_blocks(rng, 10, 0.05).reshape(-1) for t in (8, 2, 20)}
     blocks = {t: quants.get(t).random_blocks(rng, 6, 0.05).reshape(-1) for t in (12, 13, 14, 20, 23, 17, 21)}
 
     def build():
@@ -269,11 +302,23 @@ def test_generic_vector_paths(monkeypatch):
             f[4, 0], f[4, 1] = RN.iq3_s_x4(w3s, 0, a, 0, dy, 0, z), RN.iq3_s_x2(w3s, 110 * 4, a, 292 * 4, dy, 4, z)
             return out, f
 
-        return sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], blocks[17], blocks[21], a, dy)
+        @njit
+        def sums32(w8, w4, wnl, a0, dy0):   # runs of 32-weight blocks against Q8_0 activations (runs32.py)
+            f = np.zeros((3, 2), np.float32)
+            z = np.float32(0.5)
+            f[0, 0], f[0, 1] = R32.q8_0_x8(w8, 0, a0, 0, dy0, 0, z), R32.q8_0_x2(w8, 34 * 8, a0, 34 * 8, dy0, 8, z)
+            f[1, 0], f[1, 1] = R32.q4_0_x8(w4, 0, a0, 0, dy0, 0, z), R32.q4_0_x2(w4, 18 * 8, a0, 34 * 8, dy0, 8, z)
+            f[2, 0], f[2, 1] = R32.iq4_nl_x8(wnl, 0, a0, 0, dy0, 0, z), R32.iq4_nl_x1(wnl, 18 * 8, a0, 34 * 8, dy0,
+                                                                                    8, z)
+            return f
+
+        return (sums(blocks[12], blocks[13], blocks[14], blocks[20], blocks[23], blocks[17], blocks[21], a, dy),
+                sums32(b32[8], b32[2], b32[20], a0, dy0))
 
     native = build()
     monkeypatch.setattr(_vec, "_AVX2", False)
     generic = build()
-    assert np.array_equal(native[0], generic[0])
-    assert np.array_equal(native[1].view(np.uint32), generic[1].view(np.uint32))
-    assert np.all(native[1] != 0.5), "every run added its blocks"
+    assert np.array_equal(native[0][0], generic[0][0])
+    for got, want in ((generic[0][1], native[0][1]), (generic[1], native[1])):
+        assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+        assert np.all(want != 0.5), "every run added its blocks"

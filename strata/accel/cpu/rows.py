@@ -20,6 +20,7 @@ from numba import carray, cfunc, njit, types
 
 from strata.accel.cpu import decode as D
 from strata.accel.cpu import runs as RN
+from strata.accel.cpu import runs32 as R32
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
                                     half_to_f32, ld_f32, ld_u8, ld_u16, prefetch)
 
@@ -133,6 +134,31 @@ def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ost
             out[t * ostride + r] = s
 
 
+@njit(inline="always")
+def _loop_runs32(run8, run4, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
+    """One token, Q8_0 activations: each row's 32-weight blocks in runs of eight, then runs of 4, 2, 1 for the
+    rest (runs32.py), the row's sum in a register."""
+    nb = wrow // bs
+    codes, aux, acc, dy, sy = _carve(ws, 1, nb)
+    act_scales(a, 0, 1, nb, 34, dy, sy)
+    for r in range(r0, r1):
+        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
+        s = _F0
+        b = 0
+        while b + 8 <= nb:
+            s = run8(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
+            b += 8
+        if nb - b >= 4:
+            s = run4(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
+            b += 4
+        if nb - b >= 2:
+            s = run2(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
+            b += 2
+        if nb - b == 1:
+            s = run1(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
+        out[r] = s
+
+
 # --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------
 @njit(inline="always")
 def blk_q8_0(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # f(sumi)·(dx·dy)
@@ -191,7 +217,13 @@ def blk_q8_1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)
 @njit(nogil=True, cache=True)
 def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64); the type passed as a constant per branch."""
-    if qt == Q8_0:
+    if T == 1 and qt == Q8_0:       # one token: runs of blocks (runs32.py)
+        _loop_runs32(R32.q8_0_x8, R32.q8_0_x4, R32.q8_0_x2, R32.q8_0_x1, 34, w, wrow, r0, r1, a, out, ws)
+    elif T == 1 and qt == Q4_0:
+        _loop_runs32(R32.q4_0_x8, R32.q4_0_x4, R32.q4_0_x2, R32.q4_0_x1, 18, w, wrow, r0, r1, a, out, ws)
+    elif T == 1 and qt == IQ4_NL:
+        _loop_runs32(R32.iq4_nl_x8, R32.iq4_nl_x4, R32.iq4_nl_x2, R32.iq4_nl_x1, 18, w, wrow, r0, r1, a, out, ws)
+    elif qt == Q8_0:
         _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0, ws)
     elif qt == Q4_0:
         _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0, ws)
