@@ -103,10 +103,9 @@ def _add_in_order(builder, s, x, n: int):
     return s
 
 
-def run(body, bs: int, n: int, tail: float | None = None):
-    """The intrinsic for n consecutive blocks of bs bytes. body(v) -> (vecs, halves): one or two <8 x i32>
-    exact integer vectors and the block-relative offsets of as many fp16 scales; the block value is
-    (h0·dy)·f(s0) − (h1·dy)·f(s1) for two, (h0·dy)·f(s0) [· tail] for one."""
+def one_token(name: str, emit):
+    """A run intrinsic `blocks(w, o, a, ao, dy, bi, acc) -> float32`: emit(builder, wp, ap, dp, acc) gets i8
+    pointers to the weight block at o, the activation block at ao and dy[bi] (bytes), and returns the new sum."""
 
     @intrinsic
     def blocks(typingctx, w, o, a, ao, dy, bi, acc):
@@ -114,12 +113,20 @@ def run(body, bs: int, n: int, tail: float | None = None):
             wp = byte_ptr(context, builder, sig.args[0], args[0], args[1])
             ap = byte_ptr(context, builder, sig.args[2], args[2], args[3])
             dp = byte_ptr(context, builder, sig.args[4], args[4], builder.mul(args[5], ir.Constant(I64, 4)))
-            return _add_in_order(builder, args[6], _values(builder, body, bs, n, tail, wp, ap, dp), n)
+            return emit(builder, wp, ap, dp, args[6])
 
         return types.float32(w, types.int64, a, types.int64, dy, types.int64, types.float32), codegen
 
-    blocks.__name__ = f"{body.__name__}_x{n}"
+    blocks.__name__ = name
     return blocks
+
+
+def run(body, bs: int, n: int, tail: float | None = None):
+    """The intrinsic for n consecutive blocks of bs bytes. body(v) -> (vecs, halves): one or two <8 x i32>
+    exact integer vectors and the block-relative offsets of as many fp16 scales; the block value is
+    (h0·dy)·f(s0) − (h1·dy)·f(s1) for two, (h0·dy)·f(s0) [· tail] for one."""
+    return one_token(f"{body.__name__}_x{n}", lambda builder, wp, ap, dp, acc: _add_in_order(
+        builder, acc, _values(builder, body, bs, n, tail, wp, ap, dp), n))
 
 
 def run_tokens(body, bs: int, n: int, T: int, tail: float | None = None):

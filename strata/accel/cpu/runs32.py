@@ -14,15 +14,13 @@ block order (docs/NUMERICS.md). Legend: n blocks per run (8, 4, 2, 1).
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
 
 from strata.accel.cpu import _vec
-from strata.accel.cpu._llvm import F32T, I8, I16, I32, I64, byte_ptr, load_at, vec
+from strata.accel.cpu._llvm import F32T, I8, I64, load_at, vec
 from strata.accel.cpu._vec import VB
 from strata.accel.cpu.decode import _KV_IQ4NL, _nib
-from strata.accel.cpu.runs import _add_in_order, _f16s, _shuf, hsums
+from strata.accel.cpu.runs import _add_in_order, _f16s, hsums, one_token
 
 ACT_BYTES = 34  # block_q8_0
 
@@ -59,33 +57,25 @@ def run(codes, bs: int, n: int, formula: str):
     """The intrinsic for n blocks of bs bytes whose fp16 scale dx is at byte 0. formula: "q8_0" f(sumi)·(dx·dy),
     "q4_0" (f(sumi)·dx)·dy, "d_sumi" (dx·dy)·f(sumi) — rows.py's per-block expressions, operand for operand."""
 
-    @intrinsic
-    def blocks(typingctx, w, o, a, ao, dy, bi, acc):
-        def codegen(context, builder, sig, args):
-            wp = byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            ap = byte_ptr(context, builder, sig.args[2], args[2], args[3])
-            dp = byte_ptr(context, builder, sig.args[4], args[4], builder.mul(args[5], ir.Constant(I64, 4)))
-            gep = lambda p, k: builder.gep(p, [ir.Constant(I64, k)])  # noqa: E731
-            vecs = []
-            for i in range(n):
-                v = VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i))
-                vecs.append(_sdot(v, codes(v), v.lda(2, 32)))
-            sums = hsums(builder, vecs)                                   # <n x i32>, block i in lane i
-            fs = builder.sitofp(sums, vec(F32T, n))
-            dx = _f16s(builder, [gep(wp, bs * i) for i in range(n)])
-            dyv = load_at(builder, dp, vec(F32T, n), align=4)
-            if formula == "q8_0":
-                x = builder.fmul(fs, builder.fmul(dx, dyv))
-            elif formula == "q4_0":
-                x = builder.fmul(builder.fmul(fs, dx), dyv)
-            else:
-                x = builder.fmul(builder.fmul(dx, dyv), fs)
-            return _add_in_order(builder, args[6], x, n)
+    def emit(builder, wp, ap, dp, acc):
+        gep = lambda p, k: builder.gep(p, [ir.Constant(I64, k)])  # noqa: E731
+        vecs = []
+        for i in range(n):
+            v = VB(builder, gep(wp, bs * i), None, None, gep(ap, ACT_BYTES * i))
+            vecs.append(_sdot(v, codes(v), v.lda(2, 32)))
+        sums = hsums(builder, vecs)                                   # <n x i32>, block i in lane i
+        fs = builder.sitofp(sums, vec(F32T, n))
+        dx = _f16s(builder, [gep(wp, bs * i) for i in range(n)])
+        dyv = load_at(builder, dp, vec(F32T, n), align=4)
+        if formula == "q8_0":
+            x = builder.fmul(fs, builder.fmul(dx, dyv))
+        elif formula == "q4_0":
+            x = builder.fmul(builder.fmul(fs, dx), dyv)
+        else:
+            x = builder.fmul(builder.fmul(dx, dyv), fs)
+        return _add_in_order(builder, acc, x, n)
 
-        return types.float32(w, types.int64, a, types.int64, dy, types.int64, types.float32), codegen
-
-    blocks.__name__ = f"{codes.__name__}_x{n}"
-    return blocks
+    return one_token(f"{codes.__name__}_x{n}", emit)
 
 
 def _runs(codes, bs, formula):
@@ -96,4 +86,3 @@ q8_0_x8, q8_0_x4, q8_0_x2, q8_0_x1 = _runs(q8_0, 34, "q8_0")
 q4_0_x8, q4_0_x4, q4_0_x2, q4_0_x1 = _runs(q4_0, 18, "q4_0")
 iq4_nl_x8, iq4_nl_x4, iq4_nl_x2, iq4_nl_x1 = _runs(iq4_nl, 18, "d_sumi")
 
-__all__ = ["run", "I16", "I32"]
