@@ -85,4 +85,3 @@ def _runs(codes, bs, formula):
 q8_0_x8, q8_0_x4, q8_0_x2, q8_0_x1 = _runs(q8_0, 34, "q8_0")
 q4_0_x8, q4_0_x4, q4_0_x2, q4_0_x1 = _runs(q4_0, 18, "q4_0")
 iq4_nl_x8, iq4_nl_x4, iq4_nl_x2, iq4_nl_x1 = _runs(iq4_nl, 18, "d_sumi")
-
