@@ -54,14 +54,9 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list
                      res.tolist(), strm.tolist(), cpu_ids.tolist())
 
 
-def tiles_for(members: list[int], lay: RowLayout) -> np.ndarray:
-    """[n_tiles, 3] (g, r0, r1): GEMM_BM-row tiles of each member's rows, never crossing experts."""
-    r0 = np.fromiter((lay.off[e] for e in members), np.int64, len(members))
-    return _tiles(r0, lay.cnt[np.asarray(members, np.int64)].astype(np.int64))
-
-
 def _tiles(r0: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0)."""
+    """GEMM_BM-row tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0), never
+    crossing experts: [n_tiles, 3] int32."""
     nt = -(-n // GEMM_BM)                                          # tiles per expert
     g = np.repeat(np.arange(len(n)), nt)
     first = np.repeat(np.cumsum(nt) - nt, nt)
