@@ -13,7 +13,8 @@ import numpy as np
 
 from strata import quants
 from strata.accel.cpu import act as A
-from strata.accel.cpu.rows import MAXT, family, workspace
+from strata.accel.cpu.loops import workspace
+from strata.accel.cpu.rows import MAXT, family
 
 SUPPORTED = tuple(c.qtype for c in quants.registered() if c.weight)
 

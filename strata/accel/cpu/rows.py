@@ -8,8 +8,8 @@
 Per block: a decoder (decode.py) unpacks exact integers, an intrinsic takes the exact integer dot, and the block
 value follows the float32 formula in the quant class's docstring (strata/quants); block values are summed in
 float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per activation family; each type
-gets its own inlined loop with its type id as a constant (LLVM folds the shared block functions' type tests),
-which keeps both the Numba compile time and each loop tight.
+gets its own inlined loop (loops.py) with its type id as a constant (LLVM folds the shared block functions'
+type tests), which keeps both the Numba compile time and each loop tight.
 Legend: T tokens, N rows, B blocks per row.
 """
 
@@ -22,10 +22,10 @@ from strata.accel.cpu import decode as D
 from strata.accel.cpu import runs as RN
 from strata.accel.cpu import runs32 as R32
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
-                                    half_to_f32, ld_f32, ld_u8, ld_u16, prefetch)
+                                    half_to_f32, ld_f32, ld_u8, ld_u16)
+from strata.accel.cpu.loops import _loop, _loop_runs, _loop_runs8, _loop_runs32
 
 MAXT = 8  # activation rows per call (SPEC §4 MAXT); callers split larger batches
-PREFETCH_BYTES = 2048  # rows prefetch this far ahead (bench/cpu_pool.py: +5-15% at one token, out of cache)
 _F0, _F0125, _F025 = np.float32(0.0), np.float32(0.125), np.float32(0.25)
 
 # ggml type ids
@@ -33,130 +33,6 @@ F32_T, F16_T, BF16_T = 0, 1, 30
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_0, IQ4_NL, MXFP4 = 2, 3, 6, 7, 8, 42, 20, 39
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 16, 17, 18, 19, 21, 22, 23, 29
-
-
-WS_FIXED = 1024 + 64 + 64   # workspace bytes besides the scales: codes, aux, acc
-
-
-def workspace(nbytes: int = 64 << 10) -> np.ndarray:
-    """A kernel workspace (the pool gives each thread one per batch; a call whose scales do not fit allocates)."""
-    return np.empty(nbytes, np.uint8)
-
-
-@njit(nogil=True, cache=True)
-def _carve(ws, T, nba):
-    """Views of a workspace: codes int16[512], aux int32[16], acc f32[MAXT], dy/sy f32[T·Ba]."""
-    need = WS_FIXED + 8 * T * nba
-    if ws.size < need:
-        ws = np.empty(need, np.uint8)
-    codes = ws[0:1024].view(np.int16)
-    aux = ws[1024:1088].view(np.int32)
-    acc = ws[1088:1120].view(np.float32)
-    dy = ws[WS_FIXED:WS_FIXED + 4 * T * nba].view(np.float32)
-    sy = ws[WS_FIXED + 4 * T * nba:need].view(np.float32)
-    return codes, aux, acc, dy, sy
-
-
-@njit(nogil=True, cache=True)
-def act_scales(a, arow, T, nba, ab, dy, sy):
-    """Each activation block's scale (and Q8_1's s) as float32 into dy/sy [T, Ba]: ab is the activation block
-    size, 34 (Q8_0, fp16 d), 36 (Q8_1, fp16 d and s) or 292 (Q8_K, f32 d)."""
-    for t in range(T):
-        for b in range(nba):
-            ao = t * arow + ab * b
-            dy[t * nba + b] = ld_f32(a, ao) if ab == 292 else f16_at(a, ao)
-            sy[t * nba + b] = f16_at(a, ao + 2) if ab == 36 else _F0
-
-
-@njit(inline="always")
-def _loop(blk, bs, ab, apb, w, wrow, r0, r1, a, arow, T, out, ostride, qt, ws):
-    """The row loop shared by every quantised type; `blk` adds one weight block's values to acc[:T].
-    bs weight block bytes, ab activation block bytes, apb activation blocks per weight block; ws a workspace."""
-    nba = wrow // bs * apb
-    codes, aux, acc, dy, sy = _carve(ws, T, nba)   # codes: int8 codes or int16 scale·code products (decode.py)
-    act_scales(a, arow, T, nba, ab, dy, sy)
-    for r in range(r0, r1):
-        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
-        for t in range(T):
-            acc[t] = _F0
-        for b in range(nba // apb):
-            blk(w, r * wrow + b * bs, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt)
-        for t in range(T):
-            out[t * ostride + r] = acc[t]
-
-
-@njit(inline="always")
-def _loop_runs8(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, out, ostride, ws):
-    """Eight tokens, Q8_K activations: runs.run_tokens, each weight block read and unpacked once for all eight
-    (one token's sum per lane of acc, in block order as in _loop_runs)."""
-    nb = wrow // bs
-    codes, aux, acc, dy, sy = _carve(ws, 8, nb)
-    act_scales(a, arow, 8, nb, 292, dy, sy)
-    for r in range(r0, r1):
-        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
-        for t in range(8):
-            acc[t] = _F0
-        b = 0
-        while b + 4 <= nb:
-            run4(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
-            b += 4
-        if nb - b == 3:
-            run3(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
-        elif nb - b == 2:
-            run2(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
-        elif nb - b == 1:
-            run1(w, r * wrow + b * bs, a, 292 * b, arow, dy, b, nb, acc)
-        for t in range(8):
-            out[t * ostride + r] = acc[t]
-
-
-@njit(inline="always")
-def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
-    """Q8_K activations, token by token: each row's blocks in runs of four, then one run of the 1..3 left
-    (runs.py), the row's sum held in a register; the row's weights stay in L1 across its T tokens."""
-    nb = wrow // bs
-    codes, aux, acc, dy, sy = _carve(ws, T, nb)
-    act_scales(a, arow, T, nb, 292, dy, sy)
-    for r in range(r0, r1):
-        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)       # ahead of the hardware streamers (they stop at pages)
-        for t in range(T):
-            s = _F0
-            b = 0
-            while b + 4 <= nb:
-                s = run4(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-                b += 4
-            if nb - b == 3:
-                s = run3(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            elif nb - b == 2:
-                s = run2(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            elif nb - b == 1:
-                s = run1(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            out[t * ostride + r] = s
-
-
-@njit(inline="always")
-def _loop_runs32(run8, run4, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
-    """One token, Q8_0 activations: each row's 32-weight blocks in runs of eight, then runs of 4, 2, 1 for the
-    rest (runs32.py), the row's sum in a register."""
-    nb = wrow // bs
-    codes, aux, acc, dy, sy = _carve(ws, 1, nb)
-    act_scales(a, 0, 1, nb, 34, dy, sy)
-    for r in range(r0, r1):
-        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
-        s = _F0
-        b = 0
-        while b + 8 <= nb:
-            s = run8(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
-            b += 8
-        if nb - b >= 4:
-            s = run4(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
-            b += 4
-        if nb - b >= 2:
-            s = run2(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
-            b += 2
-        if nb - b == 1:
-            s = run1(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
-        out[r] = s
 
 
 # --- blocks with Q8_0 / Q8_1 activations (34 / 36 bytes: scale | [s |] qs[32]) --------------------------------

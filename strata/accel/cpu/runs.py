@@ -3,7 +3,7 @@
     run(w, o, a, ao, dy, b, acc) -> float32
       w, o   the row's block at byte o (then o + bs, o + 2·bs, ...)
       a, ao  the activation block matching it (292 bytes each: f32 d | qs[256] | bsums[16])
-      dy, b  dy[b + i] is activation block b + i's scale (rows.act_scales)
+      dy, b  dy[b + i] is activation block b + i's scale (loops.act_scales)
       acc    the row's running float32 sum; each block's value is added to it in block order
 
 A block body (`VB` -> exact i32 vectors and the byte offsets of its fp16 scales) gives the integer sums; the

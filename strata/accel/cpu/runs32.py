@@ -2,7 +2,7 @@
 
     run(w, o, a, ao, dy, b, acc) -> float32
       w, o   the row's block at byte o (then o + bs, ...); a, ao the matching activation block (34 bytes each)
-      dy, b  dy[b + i] is activation block b + i's scale (rows.act_scales); acc the row's running float32 sum
+      dy, b  dy[b + i] is activation block b + i's scale (loops.act_scales); acc the row's running float32 sum
 
 Each block gives signed int8 codes; Σ code·a is exact as pmaddubsw(|code|, a·sign(code)) then pmaddwd by ones
 (|code| <= 128 and |a| <= 127: every i16 pair sum stays below 2^15). The n blocks' horizontal sums share one
