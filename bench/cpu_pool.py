@@ -22,16 +22,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from numba import njit  # noqa: E402
-
+from hw_probe import host_bandwidth  # noqa: E402
 from strata import quants  # noqa: E402
 from strata.accel.cpu.pool import ExpertJob, ExpertPool, available_cores  # noqa: E402
 
@@ -53,31 +52,6 @@ for _ in range(n_dec):
 t3 = time.perf_counter()
 print(json.dumps({"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_dec / (t3 - t2)}))
 """
-
-
-@njit(nogil=True, cache=True)
-def _stream_sum(a):
-    s = np.uint64(0)
-    for i in range(a.size):
-        s += a[i]
-    return s
-
-
-def host_bandwidth(threads: int, nbytes: int = 2 << 30, rounds: int = 5) -> float:
-    """GB/s of a streaming read: `threads` Python threads each summing a disjoint slice in nogil Numba code."""
-    a = np.ones(nbytes // 8, np.uint64)
-    parts = np.array_split(a, threads)
-    _stream_sum(parts[0][:16])
-    runs = []
-    for _ in range(rounds):
-        ts = [threading.Thread(target=_stream_sum, args=(p,)) for p in parts]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        runs.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(runs)
 
 
 def _blobs(qtype: int, d: int, f: int, n: int, rng) -> tuple[list[np.ndarray], int]:

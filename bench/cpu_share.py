@@ -39,7 +39,7 @@ def main():
     from strata.accel.cpu.pool import ExpertPool, default_workers
     from strata.accel.device.cuda import CudaDevice
     from strata.accel.engine import GpuEngine
-    from strata.accel.memplan import plan_memory
+    from strata.accel.memplan import budget_holding
     from strata.policy import Share, ShareMode
 
     log = lambda s: print(s, file=sys.stderr)
@@ -48,8 +48,7 @@ def main():
     c = m.cfg
     dev = CudaDevice()
     n_ctx = max(lengths) + 16
-    full = plan_memory(m, dev.free_bytes(), n_ctx=n_ctx)
-    budget = full.dense + full.kv + full.decode + 700 * 2**20 + int(a.cache_frac * c.n_layer * c.n_expert) * full.slot_bytes
+    budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev, log=log)
     cfg = policy.from_process()
     rng = np.random.default_rng(0)

@@ -32,15 +32,14 @@ def main():
     from strata.accel.cpu.pool import ExpertPool, default_workers
     from strata.accel.device.cuda import CudaDevice
     from strata.accel.engine import GpuEngine
-    from strata.accel.memplan import plan_memory
+    from strata.accel.memplan import budget_holding
 
     m = models.load(a.model)
     c = m.cfg
     dev = CudaDevice()
     log = lambda s: print(s, file=sys.stderr)
     n_ctx = a.prompt + a.decode + 72
-    full = plan_memory(m, dev.free_bytes(), n_ctx=n_ctx)
-    budget = full.dense + full.kv + full.decode + 700 * 2**20 + int(a.cache_frac * c.n_layer * c.n_expert) * full.slot_bytes
+    budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev, log=log)
     pool = ExpertPool(workers=max(1, default_workers() - 1))
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)

@@ -55,7 +55,7 @@ def main():
     from strata.accel.arena import Arena
     from strata.accel.device.cuda import CudaDevice
     from strata.accel.engine import GpuEngine
-    from strata.accel.memplan import plan_memory
+    from strata.accel.memplan import budget_holding
 
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
@@ -68,24 +68,21 @@ def main():
         dev = CudaDevice()
     log = lambda s: print(s, file=sys.stderr)
     n_ctx = max(lengths) + a.decode + 8
-    full = plan_memory(m, dev.free_bytes(), n_ctx=n_ctx)
-    quarter = int(a.cache_frac * c.n_layer * c.n_expert)
-    # the budget that holds the quarter cache: what every other part of the plan needs, plus those slots
-    fixed = full.dense + full.kv + full.decode + 700 * 2**20
-    budget = fixed + quarter * full.slot_bytes
+    budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev, log=log)
     import dataclasses
 
-    from strata.accel.cpu.pool import ExpertPool, default_workers
+    from strata.accel.cpu.pool import ExpertPool, available_cores, default_workers
 
     pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1))
     # the prompt path without the CPU share (bench/cpu_share.py measures that); decode misses go to the pool
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
     eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
     er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena)
-    bw = h2d_gbps(dev, full.slot_bytes)
-    hbw = host_gbps(16)
-    log(f"bench: pinned H2D at {full.slot_bytes / 2**20:.2f} MiB copies {bw:.1f} GB/s; host read {hbw:.1f} GB/s")
+    slot = eq.plan.slot_bytes
+    bw = h2d_gbps(dev, slot)
+    hbw = host_gbps(available_cores())
+    log(f"bench: pinned H2D at {slot / 2**20:.2f} MiB copies {bw:.1f} GB/s; host read {hbw:.1f} GB/s")
     rng = np.random.default_rng(0)
     res = {L: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
            for L in lengths}
@@ -122,11 +119,11 @@ def main():
         n = eng.stats.decode_tokens - s0[0]
         secs = eng.stats.decode_s - s0[1]
         misses = (eng.stats.lookups - s0[2]) - (eng.stats.hits - s0[3])
-        miss_bytes = misses * full.slot_bytes / n
+        miss_bytes = misses * slot / n
         frac = eng.cpu_block.decode_frac if eng.cpu_block else 0.0
         dec[name] = {"tok_s": n / secs, "missed_mb_per_token": miss_bytes / 1e6, "cpu_frac": frac,
                      "bound_tok_s": hbw * 1e9 / miss_bytes if miss_bytes else None}
-    print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {full.slot_bytes / 2**20:.2f} MiB; "
+    print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {slot / 2**20:.2f} MiB; "
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
           f"{eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} {'tok/s q':>8} "

@@ -77,12 +77,11 @@ def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
 
 def _bench_plan(m, lengths):
     """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula)."""
-    from strata.accel.memplan import plan_memory
+    from strata.accel.memplan import budget_holding, plan_memory
 
     c = m.cfg
     n_ctx = max(lengths) + 16
-    full = plan_memory(m, 1 << 42, n_ctx=n_ctx)
-    budget = full.dense + full.kv + full.decode + 700 * 2**20 + int(0.25 * c.n_layer * c.n_expert) * full.slot_bytes
+    budget = budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
     return plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget), n_ctx
 
 

@@ -90,3 +90,15 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
         carve_prompt(m.cfg, p.chunk, n_ctx, GROUP, p.ring, p.slot_bytes, carver)   # asserts it fits
         assert carver.used <= region.nbytes
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
+
+
+@pytest.mark.parametrize("preset", ["flash-shape", "qwen3-30b-a3b"])
+def test_budget_holding_gives_exactly_that_cache(preset):
+    """budget_holding (the benchmarks' emulated smaller card) plans exactly the cache it was asked for."""
+    from strata.accel.memplan import budget_holding
+
+    m = _Header(preset, 8)
+    for frac in (0.25, 0.5):
+        want = int(frac * m.cfg.n_layer * m.cfg.n_expert)
+        p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget_holding(m, 8208, want))
+        assert p.cache_slots == want and not p.owned_prompt

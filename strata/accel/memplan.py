@@ -90,3 +90,11 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
                             f"{budget / MIB:,.0f} MiB") from None
     return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
                       cp.loan_slots, cp.ring, cp.loan_slots * slot, False)
+
+
+def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:
+    """The VRAM budget whose plan has room for exactly `cache_slots` expert slots beside everything else it
+    needs (dense weights, KV, decode buffers and step temporaries, the reserve): what emulating a smaller card
+    for a given cache size takes (the benchmarks' quarter-size caches)."""
+    full = plan_memory(model, 1 << 62, n_ctx=n_ctx, reserve_mib=reserve_mib)   # those parts ignore the budget
+    return full.dense + full.kv + full.decode + reserve_mib * MIB + cache_slots * full.slot_bytes
