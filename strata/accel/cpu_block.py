@@ -115,7 +115,7 @@ class CpuBlock:
 
         D = self.cfg.n_embd
         cpu = np.asarray(lay.cpu, np.int64)
-        r0 = np.fromiter((lay.off[e] for e in lay.cpu), np.int64, len(lay.cpu))
+        r0 = lay.starts[lay.rank[cpu]]                            # each CPU expert's first row
         n = lay.cnt[cpu].astype(np.int64)
         base, rows = int(r0[0]), int(n.sum())                     # the CPU block is the tail, in id order
         xs = self.xs_host[:rows]

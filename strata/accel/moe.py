@@ -29,6 +29,8 @@ class RowLayout:
     resident: list = field(default_factory=list)
     streamed: list = field(default_factory=list)
     cpu: list = field(default_factory=list)
+    rank: np.ndarray | None = None     # [E] each routed expert's position in `order`
+    starts: np.ndarray | None = None   # [len(order)] first row of each expert in `order`
 
 
 def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list[int]) -> RowLayout:
@@ -51,7 +53,7 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list
     starts = np.concatenate([[0], np.cumsum(cnt[order])[:-1]]) if order.size else np.zeros(0, np.int64)
     return RowLayout(ids, order, {int(e): int(s) for e, s in zip(order, starts)}, cnt,
                      (pairs // K).astype(np.int32), slot.reshape(T, K),
-                     res.tolist(), strm.tolist(), cpu_ids.tolist())
+                     res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts.astype(np.int64))
 
 
 def _tiles(r0: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -82,16 +84,16 @@ class ExpertRunner:
         being rows idx of buf (cache slots or ring slots, known before the copies land)."""
         gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
         # every group is a run of consecutive experts in row order: tile the layer once, then cut
-        starts = np.concatenate([[0], np.cumsum(lay.cnt[lay.order])[:-1]]).astype(np.int64)
-        every = _tiles(starts, lay.cnt[lay.order].astype(np.int64))            # g = position in row order
-        pos = {int(e): i for i, e in enumerate(lay.order)}
-        bounds = np.searchsorted(every[:, 0], [pos[m[0]] for m, _, _ in groups] + [pos[m[-1]] + 1 for m, _, _
-                                                                                   in groups])
+        every = _tiles(lay.starts, lay.cnt[lay.order].astype(np.int64))        # g = position in row order
+        first = lay.rank[[m[0] for m, _, _ in groups]]
+        last = lay.rank[[m[-1] for m, _, _ in groups]]
+        assert np.array_equal(last - first, [len(m) - 1 for m, _, _ in groups]), \
+            "a group must be a run of experts in row order"
+        lo, hi = np.searchsorted(every[:, 0], first), np.searchsorted(every[:, 0], last + 1)
         tiles = []
-        for i, (m, _, _) in enumerate(groups):
-            assert pos[m[-1]] - pos[m[0]] == len(m) - 1, "a group must be a run of experts in row order"
-            t = every[bounds[i]:bounds[len(groups) + i]].copy()
-            t[:, 0] -= pos[m[0]]
+        for i in range(len(groups)):
+            t = every[lo[i]:hi[i]].copy()
+            t[:, 0] -= first[i]
             tiles.append(t)
         return self.k.expert_tables([(buf, idx) for _, buf, idx in groups], (0, gb, gb + ub), tiles,
                                     self.dev.compute)

@@ -64,10 +64,6 @@ class _DevTab:
     def __init__(self, ptr: int, n: int):
         self.ptr, self.n = np.uint64(ptr), n
 
-    @property
-    def shape(self):
-        return (self.n,)
-
 
 class CudaKernels(Kernels):
     def __init__(self, dev, gemm: str = "mma"):
