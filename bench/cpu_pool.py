@@ -8,7 +8,9 @@ python bench/cpu_pool.py [--types Q4_K,Q8_0,...] [--tokens 1,2,4,8] [--workers 0
 Every figure is the median of interleaved rounds (each round runs every configuration once, in the same order;
 pools sleep past their spin window between runs so one pool's spinning never steals another's cores). Expert
 shape: Qwen3-30B-A3B's (D 2048, F 768) unless --shape D,F. GB/s counts weight bytes read (blobs); a batch holds
-`--experts` distinct experts, enough to miss the last-level cache. llama.cpp runs in a subprocess through
+`--experts` distinct experts, and batches rotate over copies filling three times the last-level cache, so each
+batch reads DRAM (the H200 host's L3 is 300 MiB: 64 Qwen3 experts would fit). Timed: the pool's run of a planned
+batch with its workers awake, as in the engine (expert_throughput). llama.cpp runs in a subprocess through
 llama-cpp-python (the column is skipped, with a note, when that interpreter is missing).
 """
 
@@ -54,14 +56,42 @@ print(json.dumps({"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_dec / 
 """
 
 
-def _blobs(qtype: int, d: int, f: int, n: int, rng) -> tuple[list[np.ndarray], int]:
+def _llc_bytes() -> int:
+    """The last-level cache's size: the largest cache index of cpu0 in sysfs, else `getconf`, else 512 MiB (a
+    generous guess only costs memory)."""
+    base, best = "/sys/devices/system/cpu/cpu0/cache", 0
+    for idx in os.listdir(base) if os.path.isdir(base) else ():
+        try:
+            with open(os.path.join(base, idx, "size")) as fh:
+                v = fh.read().strip().upper()
+            best = max(best, int(v.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1))
+        except (OSError, ValueError):
+            continue
+    if not best:
+        try:
+            best = int(subprocess.run(["getconf", "LEVEL3_CACHE_SIZE"], capture_output=True, text=True).stdout or 0)
+        except (OSError, ValueError):
+            best = 0
+    return best or 512 << 20
+
+
+def _blobs(qtype: int, d: int, f: int, n: int, sets: int, rng) -> tuple[list[list[np.ndarray]], int]:
+    """`sets` batches of n distinct expert blobs (copies of one random set: distinct memory, same values)."""
     cls = quants.get(qtype)
     size = 2 * f * cls.row_bytes(d) + d * cls.row_bytes(f)
     raw = cls.random_blocks(rng, n * size // cls.type_size, 0.02).reshape(n, -1)
-    return [raw[i] for i in range(n)], size
+    out = []
+    for _ in range(sets):
+        c = raw.copy()
+        out.append([c[i] for i in range(n)])
+    return out, size
 
 
 def expert_throughput(a, threads_all: int) -> list[dict]:
+    """Steady-state batches: plan rows built before the clock starts (the engine's CPU block and CpuOps build
+    them in numpy, not per job), workers awake (a one-expert batch wakes them first: the engine calls its pool
+    every layer, inside the spin window), and every timed batch on blobs last read more than twice the
+    last-level cache ago (batches rotate over enough copies), so the weights come from DRAM."""
     d, f = a.shape
     rng = np.random.default_rng(0)
     pools = {}
@@ -71,22 +101,33 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
         for w in a.workers:
             for pipe in modes:
                 pools[w, pipe] = ExpertPool(w, pipeline=pipe)
+    llc = _llc_bytes()
     data = {}
     for name in a.types:
         qt = next(c.qtype for c in quants.registered() if c.name == name)
-        blobs, size = _blobs(qt, d, f, a.experts, rng)
+        per = quants.get(qt)
+        size = 2 * f * per.row_bytes(d) + d * per.row_bytes(f)
+        sets = max(2, -(-3 * llc // (a.experts * size)))
+        blobs, size = _blobs(qt, d, f, a.experts, sets, rng)
         xs = {n: rng.standard_normal((a.experts, n, d)).astype(np.float32) for n in a.tokens}
         outs = {n: np.empty((a.experts, n, d), np.float32) for n in a.tokens}
         data[name] = (qt, blobs, size, xs, outs)
+    print(f"expert batches rotate over >= 3x the last-level cache ({llc / 2**20:.0f} MiB)")
     res: dict[tuple, list[float]] = {}
+    turn = 0
     for r in range(a.rounds + 1):   # round 0 warms up (compiles, pages in)
         for name, (qt, blobs, size, xs, outs) in data.items():
             for (w, pipe), pool in pools.items():
                 for n in a.tokens:
-                    jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(blobs)]
+                    batch = blobs[turn % len(blobs)]
+                    turn += 1
+                    jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(batch)]
+                    plan = pool.plan(jobs)
+                    wake = pool.plan(jobs[:1])
                     time.sleep(0.005)   # every pool past its spin window: parked, not competing
+                    pool.run_plan(*wake)
                     t0 = time.perf_counter()
-                    pool.run(jobs)
+                    pool.run_plan(*plan)
                     dt = time.perf_counter() - t0
                     if r:
                         res.setdefault((name, w, pipe, n), []).append(dt)
