@@ -1,7 +1,8 @@
 """The prefill CPU share on the GPU engine (issue: STRATA_PREFILL_CPU_SHARE=auto|x|0): interleaved rounds of off /
 fixed shares / auto at several prompt lengths, medians, the share chosen, experts the CPU took, gate decisions;
-then a losing configuration (the pool cut to one worker) to show the gate caps the loss. The rounds measure the
-steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
+then a losing configuration (the pool cut to one worker) to show the gate caps the loss. STRATA_DBG_LINK_GBPS=x
+runs it on an emulated slower PCIe (the copy stream held to x GB/s), the simulator column likewise. The rounds
+measure the steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
 exploration, are printed beside off before them.
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
@@ -28,7 +29,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shares", default="0.3,0.6")
     ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--losing-workers", type=int, default=1)
+    ap.add_argument("--losing-workers", type=int, default=1, help="the second, losing configuration's pool "
+                    "workers (0: skip it)")
     ap.add_argument("--json")
     ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
     a = ap.parse_args()
@@ -56,8 +58,10 @@ def main():
                                                   for x in a.shares.split(",")] + [("auto", Share(ShareMode.AUTO, by_default=True))]
     report = {}
     # the engine thread and the issuer want a core each: the pool takes the rest
-    for label, workers in (("wins", a.workers if a.workers is not None else max(1, default_workers() - 1)),
-                           ("loses", a.losing_workers)):
+    configs = [("pool", a.workers if a.workers is not None else max(1, default_workers() - 1))]
+    if a.losing_workers > 0:   # the pool cut down: where sharing should lose and the gate cap the loss
+        configs.append(("small pool", a.losing_workers))
+    for label, workers in configs:
         pool = ExpertPool(workers=workers)
         eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
         pols = {name: eng.use_share(sh) for name, sh in settings}
@@ -98,7 +102,8 @@ def main():
                     res[L][name].append((time.perf_counter() - t0) * 1e3)
                     eng.on_routing = None
                     cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
-        print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers, "
+        link = f", link held to {cfg.dbg_link_gbps:g} GB/s (STRATA_DBG_LINK_GBPS)" if cfg.dbg_link_gbps else ""
+        print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers{link}, "
               f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")
         print(f"{'tokens':>7} " + " ".join(f"{n:>16}" for n, _ in settings))
         tab = {}
@@ -117,10 +122,10 @@ def main():
 
             ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
             if a.json:
-                np.savez_compressed(f"{a.json}.{label}.routing.npz", ids=ids)
+                np.savez_compressed(f"{a.json}.{label.replace(' ', '_')}.routing.npz", ids=ids)
             routing = TraceRouting(ids.astype(np.int64))
             names = [n for n, _ in settings]
-            pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing)
+            pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing, cfg.dbg_link_gbps)
             print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt), ms: "
                   f"measured / predicted (error)")
             print("\n".join(comparison_lines(tab, pred, lengths, names)))
@@ -133,7 +138,8 @@ def main():
         print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
               f"after {auto.gate.layers} eligible layers; CPU experts per run (auto) "
               + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}" for L in lengths))
-        report[label] = {"workers": workers, "table": tab, "auto_share": auto.meter.share, "gate": auto.gate.gate,
+        report[label] = {"workers": workers, "link_gbps": cfg.dbg_link_gbps, "table": tab,
+                         "auto_share": auto.meter.share, "gate": auto.gate.gate,
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         pool.close()

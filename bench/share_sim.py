@@ -37,8 +37,11 @@ def sim_model_of(m):
     return from_gguf_metadata(m.metadata, {n: m.qtype(n) for n in m.tensors.names}, m.path)
 
 
-def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None) -> dict:
-    """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto'."""
+def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
+            link_gbps: float | None = None) -> dict:
+    """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto'. link_gbps: the
+    bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
+    the copy's start: its real time, being shorter, disappears inside)."""
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
     from sim.whatif import setting_config
@@ -47,6 +50,9 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     sm = sim_model_of(m)
     # the pool's threads: its workers plus the thread that calls it (ExpertPool host=True)
     mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers + 1, machine(machine_name).cpu.threads))
+    if link_gbps:
+        mach = dataclasses.replace(mach, link=dataclasses.replace(mach.link, h2d_gbps=link_gbps, h2d_curve=(),
+                                                                  h2d_latency_us=0.0))
     resident = engine_residency(m.cfg, plan.cache_slots, plan.loan_slots)
     out = {}
     for n in names:
@@ -110,8 +116,10 @@ def main():
         if "plan" in rep:
             assert (plan.chunk, plan.cache_slots) == (rep["plan"]["chunk"], rep["plan"]["cache_slots"]), \
                 f"the recomputed plan ({plan.chunk}, {plan.cache_slots}) is not the bench's {rep['plan']}"
-        pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing)
-        print(f"{label}: {rep['workers']} pool workers; simulator ({a.machine}, "
+        link = rep.get("link_gbps")
+        pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link)
+        print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
+              f"simulator ({a.machine}, "
               f"{'traced' if routing is not None else 'Zipf'} routing), ms: measured / predicted (error)")
         print("\n".join(comparison_lines(table, pred, lengths, names)))
 

@@ -73,6 +73,9 @@ def test_share_max():
         ("DBG_CPU_GATE", "maybe", "expected a switch"),
         ("POOL_PIPELINE", "2", "expected a switch"),
         ("PREFILL_REPEAT_MIN_TOKENS", "many", "expected a whole number"),
+        ("DBG_LINK_GBPS", "fast", "expected a bandwidth in GB/s above 0"),
+        ("DBG_LINK_GBPS", "0", "expected a bandwidth in GB/s above 0"),
+        ("DBG_LINK_GBPS", "-12", "expected a bandwidth in GB/s above 0"),
     ],
 )
 def test_rejects_name_the_variable(name, value, message):
@@ -103,6 +106,7 @@ def test_values():
         True,
     )
     assert c.repeat_min_tokens == 50000
+    assert c.dbg_link_gbps is None and cfg(DBG_LINK_GBPS="12.5").dbg_link_gbps == 12.5
     assert cfg(PREFILL_REPEAT_MIN_TOKENS="100").repeat_min_tokens == 256  # clamped to >= 256
 
 

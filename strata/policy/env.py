@@ -68,6 +68,7 @@ class Config:
     repeat_loan: bool = False  # STRATA_PREFILL_REPEAT_LOAN
     repeat_min_tokens: int = REPEAT_MIN_DEFAULT
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
+    dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
 
     def __post_init__(self):
         s = self.cpu_share
@@ -75,6 +76,7 @@ class Config:
         assert 1 <= self.lend_pct <= 100, f"lend_pct {self.lend_pct} outside 1..100"
         assert self.repeat_min_tokens >= REPEAT_MIN_FLOOR, "repeat_min_tokens is clamped to >= 256"
         assert self.gemm in GEMM_KINDS, f"gemm {self.gemm!r}: one of {GEMM_KINDS}"
+        assert self.dbg_link_gbps is None or self.dbg_link_gbps > 0, f"dbg_link_gbps {self.dbg_link_gbps!r}: > 0"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -85,7 +87,8 @@ class Config:
         ints["repeat_min_tokens"] = max(REPEAT_MIN_FLOOR, ints["repeat_min_tokens"])
         flags = {f: _flag(_VARS[f], get(f)) for f in _FLAGS}
         return cls(cpu_share=_share(get("cpu_share")), **ints, **flags,
-                   gemm=_choice(_VARS["gemm"], get("gemm"), GEMM_KINDS, "mma"))
+                   gemm=_choice(_VARS["gemm"], get("gemm"), GEMM_KINDS, "mma"),
+                   dbg_link_gbps=_gbps(_VARS["dbg_link_gbps"], get("dbg_link_gbps")))
 
     def share(self, qualifies: bool) -> Share:
         """The share in force. ``qualifies``: CUDA, one GPU, no batch slots (where unset means auto)."""
@@ -107,8 +110,8 @@ GEMM_KINDS = ("mma", "simt")
 _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRATA_PREFILL_<FIELD> ...
     "cpu_share", "cpu_share_max", "stream_min", "ring", "lend_pct", "elastic_loan", "head_loan", "mtp_loan",
     "repeat_loan", "repeat_min_tokens")}
-_VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these three
-             gemm="STRATA_GEMM")
+_VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
+             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS")
 _INTS = {  # field -> (lowest, highest, default)
     "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
     "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
@@ -133,6 +136,14 @@ def _share(v: str | None) -> str | float | None:
             f"clamped to [0, 1]; 0 turns the share off), or unset"
         )
     return min(1.0, max(0.0, float(v)))
+
+
+def _gbps(name: str, v: str | None) -> float | None:
+    if v is None:
+        return None
+    if not _NUMBER.fullmatch(v) or not float(v) > 0:
+        raise ConfigError(f"{name}={v!r}: expected a bandwidth in GB/s above 0 (say 12 for PCIe 3.0 x16), or unset")
+    return float(v)
 
 
 def _int(name: str, v: str | None, lo: int, hi: int | None = None, default: int | None = None) -> int | None:

@@ -58,6 +58,15 @@ class Device(abc.ABC):
     xp: object           # the array module of device arrays
     compute: Stream
     copy: Stream
+    link_gbps: float | None = None   # an emulated host->device link (emulate_link); None = the real one
+
+    def emulate_link(self, gbps: float | None) -> None:
+        """From now on every h2d copy of n bytes occupies its stream for at least n / gbps (STRATA_DBG_LINK_GBPS:
+        a slower PCIe than this machine's, for "what if" runs). The real copy still runs at full speed inside
+        that time, so host-memory contention is the real link's; only the stream's time is stretched."""
+        if gbps is not None and not gbps > 0:
+            raise ValueError(f"an emulated link needs a bandwidth above 0 GB/s, got {gbps!r}")
+        self.link_gbps = gbps
 
     # --- memory -----------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -74,7 +83,8 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def h2d(self, dst, src: np.ndarray, stream: Stream) -> None:
-        """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes)."""
+        """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes); with an
+        emulated link, the stream is held until n / link_gbps after the copy started."""
 
     @abc.abstractmethod
     def d2h(self, dst: np.ndarray, src, stream: Stream) -> None:

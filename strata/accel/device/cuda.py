@@ -8,6 +8,19 @@ import numpy as np
 from strata.accel.device.base import Device, DeviceError, Event, Stream
 
 
+_LINK_SRC = r"""
+extern "C" __global__ void strata_link_stamp(unsigned long long* t) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    t[0] = now;
+}
+extern "C" __global__ void strata_link_hold(const unsigned long long* t, unsigned long long ns) {
+    unsigned long long now, end = t[0] + ns;
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now < end);
+}
+"""
+
+
 class CudaEvent(Event):
     def __init__(self, cp):
         self.cp = cp
@@ -68,6 +81,7 @@ class CudaDevice(Device):
         from strata.accel.gpu.cuda_kernels import CudaKernels
 
         self.k = CudaKernels(self, gemm)
+        self._link_k = None
 
     def bind_thread(self) -> None:
         self._dev.use()
@@ -88,7 +102,25 @@ class CudaDevice(Device):
     def h2d(self, dst, src: np.ndarray, stream: CudaStream) -> None:
         assert dst.nbytes == src.nbytes, f"h2d of {src.nbytes} bytes into {dst.nbytes}"
         assert dst.flags.c_contiguous and src.flags.c_contiguous, "async copies need contiguous buffers"
+        if self.link_gbps:
+            self._link_stamp(stream)
         dst.data.copy_from_host_async(src.ctypes.data, src.nbytes, stream.s)
+        if self.link_gbps:
+            self._link_hold(stream, src.nbytes / self.link_gbps)
+
+    # --- the emulated link (Device.emulate_link): a one-thread kernel stamps %globaltimer on the stream before the
+    # copy, another spins after it until the stamp + n / GB/s ns (one SM's single block, for that long)
+    def _link_stamp(self, stream: CudaStream) -> None:
+        if self._link_k is None:
+            mod = self.cp.RawModule(code=_LINK_SRC)
+            self._link_k = (mod.get_function("strata_link_stamp"), mod.get_function("strata_link_hold"),
+                            self.cp.zeros(2, self.cp.uint64))
+        stamp, _, t = self._link_k
+        stamp((1,), (1,), (t[int(stream is self.compute):][:1],), stream=stream.s)
+
+    def _link_hold(self, stream: CudaStream, ns: float) -> None:
+        _, hold, t = self._link_k
+        hold((1,), (1,), (t[int(stream is self.compute):][:1], np.uint64(int(ns))), stream=stream.s)
 
     def d2h(self, dst: np.ndarray, src, stream: CudaStream) -> None:
         assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"

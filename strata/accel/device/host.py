@@ -120,11 +120,15 @@ class HostDevice(Device):
     def h2d(self, dst, src, stream):
         assert dst.nbytes == src.nbytes, f"h2d of {src.nbytes} bytes into {dst.nbytes}"
         delay = self.delay_s
+        hold = src.nbytes / (self.link_gbps * 1e9) if self.link_gbps else 0.0
 
         def run():
+            t0 = time.perf_counter()
             if delay:
                 time.sleep(delay)
             dst.reshape(-1).view(np.uint8)[:] = src.reshape(-1).view(np.uint8)
+            if hold:
+                time.sleep(max(0.0, t0 + hold - time.perf_counter()))
 
         stream._put(run)
 
