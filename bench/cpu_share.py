@@ -87,6 +87,7 @@ def main():
             for L, a_, o in zip(lengths, first["auto"], first["off"])))
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}
+        streamed = {L: {n: [] for n, _ in settings} for L in lengths}
         for r in range(a.rounds):
             for L in lengths:
                 ids = rng.integers(0, c.n_vocab, L).tolist()
@@ -96,12 +97,13 @@ def main():
                     if name == "off" and L == max(lengths) and r == a.rounds - 1:   # the routing, for the sim
                         trace = [[] for _ in range(c.n_layer)]
                         eng.on_routing = lambda l, ids: trace[l].append(np.asarray(ids, np.int16))
-                    n0 = eng.cpu_block.stats["cpu_experts"]
+                    n0, b0 = eng.cpu_block.stats["cpu_experts"], eng.stats.streamed_bytes
                     t0 = time.perf_counter()
                     eng.prefill(ids)
                     res[L][name].append((time.perf_counter() - t0) * 1e3)
                     eng.on_routing = None
                     cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
+                    streamed[L][name].append((eng.stats.streamed_bytes - b0) / 1e6)
         link = f", link held to {cfg.dbg_link_gbps:g} GB/s (STRATA_DBG_LINK_GBPS)" if cfg.dbg_link_gbps else ""
         print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers{link}, "
               f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")
@@ -112,10 +114,13 @@ def main():
             cells, row = [], {}
             for n, _ in settings:
                 med = statistics.median(res[L][n])
-                row[n] = {"ms": med, "cpu_experts": statistics.median(cpu[L][n]), "vs_off": med / off - 1}
+                row[n] = {"ms": med, "cpu_experts": statistics.median(cpu[L][n]), "vs_off": med / off - 1,
+                          "streamed_mb": statistics.median(streamed[L][n])}
                 cells.append(f"{med:8.1f} ({100 * (med / off - 1):+5.1f}%)" if n != "off" else f"{med:16.1f}")
             tab[L] = row
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
+        print("streamed MB per prompt (median): " + "; ".join(
+            f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
             from sim.workload import TraceRouting
             from share_sim import comparison_lines, predict

@@ -109,18 +109,40 @@ class CudaDevice(Device):
             self._link_hold(stream, src.nbytes / self.link_gbps)
 
     # --- the emulated link (Device.emulate_link): a one-thread kernel stamps %globaltimer on the stream before the
-    # copy, another spins after it until the stamp + n / GB/s ns (one SM's single block, for that long)
+    # copy, another spins after it until the stamp + n / GB/s (one SM's single block, for that long)
+    def emulate_link(self, gbps: float | None) -> None:
+        super().emulate_link(gbps)
+        if gbps and self._link_k is None:
+            self._link_k = self._link_calibrated()
+
+    def _link_calibrated(self):
+        """Compile the pair (now, not inside the first timed copy) and read how many %globaltimer ticks one
+        nanosecond of CUDA event time spans: PTX calls the timer nanoseconds, but nothing here relies on it."""
+        cp, s = self.cp, self.copy.s
+        mod = cp.RawModule(code=_LINK_SRC)
+        stamp, hold = mod.get_function("strata_link_stamp"), mod.get_function("strata_link_hold")
+        t = cp.zeros(2, cp.uint64)
+        e0, e1, nominal = cp.cuda.Event(), cp.cuda.Event(), 20_000_000
+        stamp((1,), (1,), (t[:1],), stream=s)
+        hold((1,), (1,), (t[:1], np.uint64(0)), stream=s)
+        e0.record(s)
+        stamp((1,), (1,), (t[:1],), stream=s)
+        hold((1,), (1,), (t[:1], np.uint64(nominal)), stream=s)
+        e1.record(s)
+        e1.synchronize()
+        ms = float(cp.cuda.get_elapsed_time(e0, e1))
+        if not 1.0 < ms < 1000.0:
+            raise DeviceError(f"the emulated link's timer is unusable here: {nominal / 1e6:g} ms of %globaltimer "
+                              f"took {ms:.3f} ms of event time")
+        return stamp, hold, t, nominal / (ms * 1e6)          # timer ticks per ns
+
     def _link_stamp(self, stream: CudaStream) -> None:
-        if self._link_k is None:
-            mod = self.cp.RawModule(code=_LINK_SRC)
-            self._link_k = (mod.get_function("strata_link_stamp"), mod.get_function("strata_link_hold"),
-                            self.cp.zeros(2, self.cp.uint64))
-        stamp, _, t = self._link_k
+        stamp, _, t, _ = self._link_k
         stamp((1,), (1,), (t[int(stream is self.compute):][:1],), stream=stream.s)
 
     def _link_hold(self, stream: CudaStream, ns: float) -> None:
-        _, hold, t = self._link_k
-        hold((1,), (1,), (t[int(stream is self.compute):][:1], np.uint64(int(ns))), stream=stream.s)
+        _, hold, t, ticks = self._link_k
+        hold((1,), (1,), (t[int(stream is self.compute):][:1], np.uint64(int(ns * ticks))), stream=stream.s)
 
     def d2h(self, dst: np.ndarray, src, stream: CudaStream) -> None:
         assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"
