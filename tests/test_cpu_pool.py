@@ -148,7 +148,7 @@ def test_idle_workers_park():
     rng = np.random.default_rng(5)
     blob, types = _expert(rng)
     x = rng.standard_normal((1, D)).astype(np.float32)
-    pool = _pool(2, spin_us=1000)
+    pool = _pool(2, spin_us=1000, doze_ms=20)
     pool.run([ExpertJob(blob, types, D, F, x, np.empty_like(x))])
     time.sleep(0.1)
     c0, t0 = time.process_time(), time.perf_counter()
@@ -159,6 +159,31 @@ def test_idle_workers_park():
     assert not any(th.is_alive() for th in pool._threads)
     with pytest.raises(RuntimeError, match="closed"):
         pool.run([ExpertJob(blob, types, D, F, x, np.empty_like(x))])
+
+
+def test_workers_doze_before_they_park():
+    """Past the spin window workers doze inside nogil code (waking needs no GIL), and park only after doze_ms."""
+    from strata.accel.cpu import _sched as S
+
+    rng = np.random.default_rng(7)
+    blob, types = _expert(rng)
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    with _pool(2, spin_us=500, doze_ms=400) as pool:
+        assert pool._ctl[S.SLEEPFN] != 0, "libc usleep not found"
+        pool.run([ExpertJob(blob, types, D, F, x, np.empty_like(x))])
+        time.sleep(0.1)                                   # past the spin, inside the doze
+        assert S.ctl_load(pool._ctl, S.NPARKED) == 0
+        out = np.empty_like(x)
+        pool.run([ExpertJob(blob, types, D, F, x, out)])  # dozing workers take the batch
+        assert np.array_equal(out, _ref_expert(blob, types, x))
+        deadline = time.perf_counter() + 5.0
+        while S.ctl_load(pool._ctl, S.NPARKED) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert S.ctl_load(pool._ctl, S.NPARKED) == 2      # the doze window ran out: parked in Python
+    with _pool(2, spin_us=500, doze_ms=0) as pool:          # no doze: park right after the spin
+        pool.run([ExpertJob(blob, types, D, F, x, np.empty_like(x))])
+        time.sleep(0.1)
+        assert S.ctl_load(pool._ctl, S.NPARKED) == 2
 
 
 def test_linear_matches_kernels_any_token_count():

@@ -320,6 +320,30 @@ def call_rows(typingctx, fn, qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, o
 
 
 @intrinsic
+def call_sleep(typingctx, fn, us):
+    """Call `int usleep(unsigned)` through its C function pointer `fn` (an address from ctypes): a worker's doze
+    that never returns to Python, so waking from it needs no GIL (the pool's ctl holds the address)."""
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(I32, [I32])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [builder.trunc(args[1], I32)])
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+def usleep_address() -> int:
+    """libc's usleep, for call_sleep; 0 where it cannot be found (the pool then parks without dozing)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        return int(ctypes.cast(libc.usleep, ctypes.c_void_p).value or 0)
+    except (OSError, AttributeError):
+        return 0
+
+
+@intrinsic
 def data_addr(typingctx, arr):
     """An array's data address, inside Numba code."""
     def codegen(context, builder, sig, args):

@@ -18,7 +18,7 @@ import numpy as np
 from numba import carray, njit
 
 from strata.accel.cpu._llvm import (addr_ptr, atomic_add, atomic_cas, atomic_load, atomic_store, call_rows,
-                                    cycles, data_addr, spin_pause)
+                                    call_sleep, cycles, data_addr, spin_pause)
 from strata.accel.cpu.act import quantize_rows, swiglu
 from strata.accel.cpu.dense import attention_heads
 from strata.accel.cpu.rows import family_index
@@ -27,6 +27,7 @@ from strata.accel.cpu.rows import family_index
 HEAD, DONE, EPOCH, NPARKED, HOST_PARKED, SHUTDOWN = 0, 8, 16, 24, 32, 40
 PLAN, NJOBS, TILES, NTILES, GROUPS, NGROUPS = 48, 49, 50, 51, 52, 53
 KFN = 56   # 56..58: the row kernels' C entry points (rows.kernel_table)
+SLEEPFN, DOZE_US, DOZE_TICKS = 59, 60, 61   # libc usleep's address (0: no doze), one doze, the doze window
 CTL_WORDS = 64
 
 # plan: one int64 row per job
@@ -165,6 +166,18 @@ def _work(ctl, epoch, resume, spin_ticks):
 
 
 @njit(nogil=True, cache=True)
+def _doze(ctl, past):
+    """Past the spin window, sleep one short doze inside this nogil code while `past` ticks are within the doze
+    window; False once it is over (then park in Python). A parked thread needs the GIL to wake, and a prompt's
+    engine thread holds it for milliseconds (Python's switch interval is 5 ms): the share's first CPU layer of
+    each chunk cost 2x its GPU twin (bench/cpu_share.py, STRATA_DBG_CPU_GATE on the H200) with parked workers."""
+    if ctl[SLEEPFN] == 0 or past > ctl[DOZE_TICKS]:
+        return False
+    call_sleep(ctl[SLEEPFN], ctl[DOZE_US])
+    return True
+
+
+@njit(nogil=True, cache=True)
 def step(ctl, epoch, resume, spin_ticks, worker):
     """One stretch of a thread's work, without the GIL (the one compiled entry that links the kernels).
     Returns (status, epoch, tile).
@@ -183,8 +196,10 @@ def step(ctl, epoch, resume, spin_ticks, worker):
         c0 = cycles()
         while atomic_load(ctl, DONE) < nt:
             if cycles() - c0 > spin_ticks:
-                return ST_PARK, epoch, -1
-            spin_pause()
+                if not _doze(ctl, cycles() - c0 - spin_ticks):
+                    return ST_PARK, epoch, -1
+            else:
+                spin_pause()
         return ST_IDLE, epoch, -1
     while True:
         if resume < 0:
@@ -196,6 +211,8 @@ def step(ctl, epoch, resume, spin_ticks, worker):
                 if e != epoch:
                     break
                 if cycles() - c0 > spin_ticks:
+                    if _doze(ctl, cycles() - c0 - spin_ticks):
+                        continue
                     atomic_add(ctl, NPARKED, 1)
                     if atomic_load(ctl, EPOCH) == epoch and atomic_load(ctl, SHUTDOWN) == 0:
                         return ST_PARK, epoch, -1

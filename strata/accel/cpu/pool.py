@@ -9,8 +9,9 @@ gate/up tile quantises its intermediate and so releases its down tiles. Row part
 same bits as the serial reference (strata/reference, docs/NUMERICS.md).
 
 Threads: workers are Python threads that spend their life inside `nogil` Numba code (_sched.py). An idle worker
-spins for `spin_us` (default 2 ms) waiting for the next batch, then parks on a condition variable, so an idle pool
-burns nothing. With more threads than cores the pool never spins: it parks at once and yields while waiting on a
+spins for `spin_us` (default 2 ms) waiting for the next batch, then dozes in 50 µs sleeps inside that code for
+`doze_ms` (default 200 ms: a prompt's layers come every few ms, and waking from a Python park needs the GIL),
+then parks on a condition variable, so an idle pool burns nothing. With more threads than cores the pool never spins: it parks at once and yields while waiting on a
 dependency, because a spinning thread would steal the core of the thread it waits for.
 Legend: J jobs, N tokens of a job, D n_embd, F n_ff.
 """
@@ -27,7 +28,7 @@ import numpy as np
 
 from strata import quants
 from strata.accel.cpu import _sched as S
-from strata.accel.cpu._llvm import address
+from strata.accel.cpu._llvm import address, usleep_address
 from strata.accel.cpu.act import act_row_bytes
 from strata.accel.cpu.rows import MAXT, kernel_table
 
@@ -183,7 +184,7 @@ class ExpertPool:
     does it) and warned about once: the pool then parks idle threads at once instead of spinning."""
 
     def __init__(self, workers: int | None = None, pipeline: bool | None = None, host: bool = True,
-                 spin_us: float | None = None):
+                 spin_us: float | None = None, doze_ms: float = 200.0):
         cores = available_cores()
         workers = default_workers() if workers is None else int(workers)
         if workers < 0:
@@ -203,6 +204,8 @@ class ExpertPool:
         off = (-address(raw) % _ALIGN) // 8
         self._ctl = raw[off:off + S.CTL_WORDS]   # 64-byte aligned control words
         self._ctl[S.KFN:S.KFN + 3] = kernel_table()
+        self._ctl[S.SLEEPFN] = usleep_address() if doze_ms > 0 else 0
+        self._ctl[S.DOZE_US], self._ctl[S.DOZE_TICKS] = 50, int(doze_ms * 1e3 * ticks_per_us())
         self._epoch = 0
         self._scratch = np.empty(0, np.uint8)
         self._keep: tuple = ()
