@@ -186,6 +186,25 @@ def test_workers_doze_before_they_park():
         assert S.ctl_load(pool._ctl, S.NPARKED) == 2
 
 
+def test_submit_then_wait():
+    """submit publishes and returns; the workers alone compute; wait returns the batch's wall ms."""
+    rng = np.random.default_rng(8)
+    blob, types = _expert(rng)
+    xs = [rng.standard_normal((n, D)).astype(np.float32) for n in (1, 3, 8)]
+    outs = [np.full_like(x, np.nan) for x in xs]
+    with _pool(2) as pool:
+        pool.submit(*pool.plan([ExpertJob(blob, types, D, F, x, o) for x, o in zip(xs, outs)]))
+        ms = pool.wait()
+        assert 0.0 <= ms < 60e3
+        with pytest.raises(RuntimeError, match="without a submitted batch"):
+            pool.wait()
+        pool.run([ExpertJob(blob, types, D, F, xs[0], np.empty_like(xs[0]))])   # the lock was released
+    for x, o in zip(xs, outs):
+        assert np.array_equal(o, _ref_expert(blob, types, x))
+    with _pool(0) as serial, pytest.raises(ValueError, match="needs worker threads"):
+        serial.submit(*serial.plan([ExpertJob(blob, types, D, F, xs[0], outs[0])]))
+
+
 def test_linear_matches_kernels_any_token_count():
     rng = np.random.default_rng(6)
     for qt, n, k in ((12, 40, 512), (0, 9, 64), (30, 5, 96)):

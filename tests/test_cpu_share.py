@@ -106,3 +106,25 @@ def test_decode_misses_on_the_cpu_match_the_reference_placement(kind, name, pool
     agree, _ = top1_agreement(want[None, :], got[None, :])          # a near-tie is not held to top-1
     print(f"{kind} {name}: CPU took {sum(map(len, taken.values()))} decode misses; KL {kl(want, got):.2e}")
     assert kl(want, got) <= KL_MAX and agree == 1.0
+
+
+def test_share_through_submit_or_a_host_thread_is_the_same():
+    """A pool with workers takes the share by submit/wait (no Python thread); a pool of the host thread alone
+    runs it on a thread of its own. Row partitions never change arithmetic: the logits are bit-identical."""
+    from strata.accel.cpu.pool import ExpertPool
+
+    name = NAMES[0]
+    m = models.load(golden.model_path(name))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
+    outs, took = [], []
+    for workers in (2, 0):
+        with ExpertPool(workers=workers) as p:
+            dev = make_device("host")
+            try:
+                e = _engine(m, dev, p, 0.6, 0)
+                outs.append(e.prefill(ids, all_logits=True))
+                took.append(e.cpu_block.stats["cpu_experts"])
+            finally:
+                dev.close()
+    assert took[0] == took[1] > 0
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))

@@ -40,6 +40,7 @@ class CpuBlock:
         self.parity = 0
         self.pending_parity = None
         self.thread = None
+        self.submitted = False            # a batch submitted to the pool's workers (the share, threaded)
         self.cpu_ms = 0.0
         self.stats = {"layers": 0, "cpu_experts": 0, "shared_layers": 0}
         self.taken: list[tuple[int, tuple[int, ...]]] = []   # (layer, CPU experts) of the prefill layers, in order
@@ -96,7 +97,10 @@ class CpuBlock:
         if self.auto and threaded:
             ev[2].record(stream)
         jobs = self._jobs(layer, lay)
-        if threaded:
+        if threaded and self.pool.workers > 0:   # the workers run it; the engine thread goes on issuing GPU work
+            self.pool.submit(*jobs)
+            self.submitted = True
+        elif threaded:                           # a pool of the host thread alone: it needs a thread of its own
             self.thread = threading.Thread(target=self._run, args=(jobs,), name="cpu share", daemon=True)
             self.thread.start()
         else:
@@ -152,6 +156,9 @@ class CpuBlock:
 
     def finish(self, layer: int, lay, nstream: int, dm, stream, eligible: bool) -> None:
         """Wait for the CPU, copy its rows into Dm's tail; tell the policy; the gate's window closes here."""
+        if self.submitted:
+            self.cpu_ms = self.pool.wait()
+            self.submitted = False
         if self.thread is not None:
             self.thread.join()
             self.thread = None

@@ -28,6 +28,7 @@ HEAD, DONE, EPOCH, NPARKED, HOST_PARKED, SHUTDOWN = 0, 8, 16, 24, 32, 40
 PLAN, NJOBS, TILES, NTILES, GROUPS, NGROUPS = 48, 49, 50, 51, 52, 53
 KFN = 56   # 56..58: the row kernels' C entry points (rows.kernel_table)
 SLEEPFN, DOZE_US, DOZE_TICKS = 59, 60, 61   # libc usleep's address (0: no doze), one doze, the doze window
+PUB_AT, DONE_AT = 62, 63   # cycle counter when the batch was published, and when its last tile finished
 CTL_WORDS = 64
 
 # plan: one int64 row per job
@@ -161,8 +162,10 @@ def _work(ctl, epoch, resume, spin_ticks):
                 gj = groups[s * GF + G_JOB]
                 _quantize_h(plan, gj, 0, plan[gj, J_N])
             atomic_store(groups, s * GF + G_READY, 1)
-        if atomic_add(ctl, DONE, 1) + 1 == nt and atomic_load(ctl, HOST_PARKED) != 0:
-            status = ST_WAKE_HOST
+        if atomic_add(ctl, DONE, 1) + 1 == nt:
+            ctl[DONE_AT] = cycles()
+            if atomic_load(ctl, HOST_PARKED) != 0:
+                status = ST_WAKE_HOST
 
 
 @njit(nogil=True, cache=True)
@@ -231,6 +234,7 @@ def publish(ctl, epoch, plan_addr, njobs, tiles_addr, ntiles, groups_addr, ngrou
     """Make a batch current: mailbox first, counters reset, then the epoch (seq_cst) that workers watch."""
     ctl[PLAN], ctl[NJOBS], ctl[TILES], ctl[NTILES] = plan_addr, njobs, tiles_addr, ntiles
     ctl[GROUPS], ctl[NGROUPS] = groups_addr, ngroups
+    ctl[PUB_AT] = cycles()
     atomic_store(ctl, DONE, 0)
     atomic_store(ctl, HOST_PARKED, 0)
     atomic_store(ctl, HEAD, epoch << 32)

@@ -209,6 +209,7 @@ class ExpertPool:
         self._epoch = 0
         self._scratch = np.empty(0, np.uint8)
         self._keep: tuple = ()
+        self._submitted = False
         self._run_lock = threading.Lock()
         self._cv = threading.Condition()
         self._done = threading.Event()
@@ -247,33 +248,65 @@ class ExpertPool:
     def run_plan(self, plan: np.ndarray, owner: np.ndarray, keep=None) -> None:
         """Run a batch given as plan rows (int64 [J, JF], see _sched.py; addresses of live buffers that `keep`
         holds) and owner[j] (the job whose quantised activations job j reuses). CpuOps builds these directly."""
+        with self._run_lock:
+            self._publish(plan, owner, keep)
+            self._finish(take_tiles=self.host)
+
+    def submit(self, plan: np.ndarray, owner: np.ndarray, keep=None) -> None:
+        """Publish a batch and return at once: the workers run it while the caller goes on (the prefill share:
+        the engine thread keeps issuing GPU work, no Python thread in between); `wait` ends it."""
+        if self.workers == 0:
+            raise ValueError("submit needs worker threads: the caller takes no tiles of a submitted batch")
+        self._run_lock.acquire()
+        try:
+            self._publish(plan, owner, keep)
+        except BaseException:
+            self._run_lock.release()
+            raise
+        self._submitted = True
+
+    def wait(self) -> float:
+        """Wait for the submitted batch; returns its wall ms from publication to its last tile."""
+        if not self._submitted:
+            raise RuntimeError("wait() without a submitted batch")
+        try:
+            self._finish(take_tiles=False)
+            tpu = ticks_per_us()
+            return (int(self._ctl[S.DONE_AT]) - int(self._ctl[S.PUB_AT])) / (tpu * 1e3) if tpu else 0.0
+        finally:
+            self._submitted = False
+            self._run_lock.release()
+
+    def _publish(self, plan, owner, keep) -> None:
         if self._closed:
             raise RuntimeError("the pool is closed")
-        with self._run_lock:
-            ctl = self._ctl
-            while True:
-                short, tiles, groups, parked = S.launch(ctl, self._epoch + 1, plan, owner, self.threads_total,
-                                                        self._scratch, self.pipeline)
-                if short == 0:
-                    break
-                self._scratch = np.empty(int(short * 1.25), np.uint8)
-            self._epoch += 1
-            self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
-            if parked > 0:
-                with self._cv:
-                    self._cv.notify_all()
-            nt = tiles.shape[0]
-            epoch = self._epoch if self.host else -1
-            st, _, i = S.step(ctl, epoch, -1, self.spin_ticks, False)
-            while st == S.ST_BLOCKED:
-                os.sched_yield()
-                st, _, i = S.step(ctl, epoch, i, self.spin_ticks, False)
-            if st == S.ST_PARK:
-                self._done.clear()
-                if not S.park_host(ctl, nt):
-                    while S.ctl_load(ctl, S.DONE) < nt:
-                        self._done.wait(0.01)
-                        self._done.clear()
+        ctl = self._ctl
+        while True:
+            short, tiles, groups, parked = S.launch(ctl, self._epoch + 1, plan, owner, self.threads_total,
+                                                    self._scratch, self.pipeline)
+            if short == 0:
+                break
+            self._scratch = np.empty(int(short * 1.25), np.uint8)
+        self._epoch += 1
+        self._keep = (plan, tiles, groups, keep)   # alive while threads may read them
+        if parked > 0:
+            with self._cv:
+                self._cv.notify_all()
+
+    def _finish(self, take_tiles: bool) -> None:
+        """Take tiles (the host thread) or only wait, until every tile of the current batch is done."""
+        ctl, nt = self._ctl, self._keep[1].shape[0]
+        epoch = self._epoch if take_tiles else -1
+        st, _, i = S.step(ctl, epoch, -1, self.spin_ticks, False)
+        while st == S.ST_BLOCKED:
+            os.sched_yield()
+            st, _, i = S.step(ctl, epoch, i, self.spin_ticks, False)
+        if st == S.ST_PARK:
+            self._done.clear()
+            if not S.park_host(ctl, nt):
+                while S.ctl_load(ctl, S.DONE) < nt:
+                    self._done.wait(0.01)
+                    self._done.clear()
 
     def plan(self, jobs):
         """Plan rows from job objects: (plan [J, JF], owner [J], what to keep alive). The general path; CpuOps
