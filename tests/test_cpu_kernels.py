@@ -207,16 +207,20 @@ def test_one_token_runs_of_32_weight_blocks(cls, pattern):
         _same_bits(K.q8_matmul(x, w, cls.qtype), ref, f"{cls.name} one token, {m} blocks, {pattern}")
 
 
-@pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q5_K", "Q6_K")], ids=lambda c: c.name)
+@pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q5_K", "Q6_K", "IQ2_XS")],
+                         ids=lambda c: c.name)
 def test_full_job_runs_every_tail(cls):
-    """A full MAXT job (one weight unpack shared by eight tokens, runs.run_tokens) for every run tail: rows of
-    1..9 blocks, each against eight distinct token rows."""
+    """Shared-unpack token runs (runs.run_tokens) for every run tail: rows of 1..9 blocks, against eight distinct
+    token rows (the K-quants' full MAXT job) and, for IQ2_XS's groups of 8, 4, 2 and a last single token
+    (loops._loop_token_groups), every token count 2..8."""
     rng = np.random.default_rng(17)
+    counts = range(2, MAXT + 1) if cls.name == "IQ2_XS" else (MAXT,)
     for n_blocks in range(1, 10):
         w = cls.random_blocks(rng, 3 * n_blocks, 0.05).reshape(3, -1)
-        x = rng.standard_normal((MAXT, 256 * n_blocks)).astype(np.float32)
-        _same_bits(K.q8_matmul(x, w, cls.qtype), quants.q8_matmul(x, w, cls.qtype),
-                   f"{cls.name} {MAXT} tokens, {n_blocks} blocks")
+        for t in counts:
+            x = rng.standard_normal((t, 256 * n_blocks)).astype(np.float32)
+            _same_bits(K.q8_matmul(x, w, cls.qtype), quants.q8_matmul(x, w, cls.qtype),
+                       f"{cls.name} {t} tokens, {n_blocks} blocks")
 
 
 @pytest.mark.parametrize("cls", [c for c in WEIGHT_TYPES if c.name in ("Q4_K", "Q8_0", "IQ2_XS", "F16")],

@@ -136,3 +136,55 @@ def _loop_runs32(run8, run4, run2, run1, bs, w, wrow, r0, r1, a, out, ws):
         if nb - b == 1:
             s = run1(w, r * wrow + b * bs, a, 34 * b, dy, b, s)
         out[r] = s
+
+
+@njit(inline="always")
+def _token_group(run2, run1, w, ro, bs, nb, a, ao, arow, dy, bi, acc):
+    """One row's blocks, two at a time, for a group of tokens (runs.run_tokens: acc[t] of the group's token t)."""
+    b = 0
+    while b + 2 <= nb:
+        run2(w, ro + b * bs, a, ao + 292 * b, arow, dy, bi + b, nb, acc)
+        b += 2
+    if b < nb:
+        run1(w, ro + b * bs, a, ao + 292 * b, arow, dy, bi + b, nb, acc)
+
+
+@njit(inline="always")
+def _loop_token_groups(o4, o3, o2, o1, t8x2, t8x1, t4x2, t4x1, t2x2, t2x1, bs, w, wrow, r0, r1, a, arow, T, out,
+                       ostride, ws):
+    """Q8_K activations, T = 2..8 tokens in groups of 8, 4, 2 (runs.run_tokens: each weight block's decoding,
+    grid lookups and signs made once per group) and a last single token (one-token runs). Every token's sum
+    still starts at 0 and adds its blocks' values in block order, as in _loop_runs."""
+    nb = wrow // bs
+    codes, aux, acc, dy, sy = _carve(ws, T, nb)
+    act_scales(a, arow, T, nb, 292, dy, sy)
+    for r in range(r0, r1):
+        prefetch(w, r * wrow + PREFETCH_BYTES, wrow)
+        ro = r * wrow
+        for t in range(T):
+            acc[t] = _F0
+        t0 = 0
+        if T - t0 >= 8:
+            _token_group(t8x2, t8x1, w, ro, bs, nb, a, t0 * arow, arow, dy, t0 * nb, acc[t0:])
+            t0 += 8
+        if T - t0 >= 4:
+            _token_group(t4x2, t4x1, w, ro, bs, nb, a, t0 * arow, arow, dy, t0 * nb, acc[t0:])
+            t0 += 4
+        if T - t0 >= 2:
+            _token_group(t2x2, t2x1, w, ro, bs, nb, a, t0 * arow, arow, dy, t0 * nb, acc[t0:])
+            t0 += 2
+        if T - t0 == 1:
+            s = _F0
+            b = 0
+            while b + 4 <= nb:
+                s = o4(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
+                b += 4
+            if nb - b == 3:
+                s = o3(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
+            elif nb - b == 2:
+                s = o2(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
+            elif nb - b == 1:
+                s = o1(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
+            acc[t0] = s
+        for t in range(T):
+            out[t * ostride + r] = acc[t]

@@ -23,7 +23,7 @@ from strata.accel.cpu import runs as RN
 from strata.accel.cpu import runs32 as R32
 from strata.accel.cpu._llvm import (bits_f32, dot_i8_i8_32, dot_i16_i8_256, dot_i32_i16_16, e8m0_half, f16_at,
                                     half_to_f32, ld_f32, ld_u8, ld_u16)
-from strata.accel.cpu.loops import _loop, _loop_runs, _loop_runs8, _loop_runs32
+from strata.accel.cpu.loops import _loop, _loop_runs, _loop_runs8, _loop_runs32, _loop_token_groups
 
 MAXT = 8  # activation rows per call (SPEC §4 MAXT); callers split larger batches
 _F0, _F0125, _F025 = np.float32(0.0), np.float32(0.125), np.float32(0.25)
@@ -230,7 +230,9 @@ def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
         if T == 1:
             _loop_runs(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, 74, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
-            _loop(blk_single, 74, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_XS, ws)
+            _loop_token_groups(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, RN.iq2_xs_x2_t8,
+                               RN.iq2_xs_x1_t8, RN.iq2_xs_x2_t4, RN.iq2_xs_x1_t4, RN.iq2_xs_x2_t2, RN.iq2_xs_x1_t2, 74,
+                               w, wrow, r0, r1, a, arow, T, out, ostride, ws)
     elif qt == IQ2_S:
         if T == 1:
             _loop_runs(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
