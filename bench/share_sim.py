@@ -37,8 +37,15 @@ def sim_model_of(m):
     return from_gguf_metadata(m.metadata, {n: m.qtype(n) for n in m.tensors.names}, m.path)
 
 
+# what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
+# stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
+# column of bench/results/h200/share_f_link12.json (12 GB/s) alone
+EMULATED_COPY_US = 39.5
+
+
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
-            link_gbps: float | None = None) -> dict:
+            link_gbps: float | None = None, calib: dict | None = None,
+            link_copy_us: float = EMULATED_COPY_US) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto'. link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
     the copy's start: its real time, being shorter, disappears inside)."""
@@ -52,7 +59,9 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers + 1, machine(machine_name).cpu.threads))
     if link_gbps:
         mach = dataclasses.replace(mach, link=dataclasses.replace(mach.link, h2d_gbps=link_gbps, h2d_curve=(),
-                                                                  h2d_latency_us=0.0))
+                                                                  h2d_latency_us=link_copy_us))
+    if calib:
+        mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
     resident = engine_residency(m.cfg, plan.cache_slots, plan.loan_slots)
     out = {}
     for n in names:

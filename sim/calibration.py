@@ -25,6 +25,7 @@ class Calib:
     cpu_job_us: float  # per CPU expert job (barriers, activation quantisation)
     cpu_cycles_per_weight: Mapping[str, float]  # unpack cost per weight by type family (AVX-512 widths)
     cpu_cycles_per_mac: float  # per weight per token (AVX-512 widths)
+    cpu_token_curve: Mapping[str, tuple[float, ...]]  # family -> measured cost(t) / cost(1), t = 1..8 (else linear)
     isa_factor: Mapping[str, float]  # cycles x this by ISA (AVX2 has half AVX-512's lanes)
     gpu_mm_eff: float  # fraction of the dense matrix rate the expert/dense kernels reach
     gpu_bw_eff: float  # fraction of memory bandwidth they reach

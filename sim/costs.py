@@ -34,6 +34,7 @@ class Costs:
             / 3
             for l in range(L)
         ]
+        self._family = [family(TYPE_NAME[s.type_of("exp_gate", l)]) for l in range(L)]
         self._body: dict[tuple[int, int], float] = {}
         self._cpu: dict[tuple[int, int], float] = {}
 
@@ -134,7 +135,11 @@ class Costs:
         key = (layer, nt)
         if key not in self._cpu:
             c, cal = self.machine.cpu, self.calib
-            cycles = cal.isa_factor[c.isa] * (self._unpack[layer] + nt * cal.cpu_cycles_per_mac)
+            curve = cal.cpu_token_curve.get(self._family[layer])
+            if curve:   # measured on this machine's pool: unpack is then the whole cost of one token
+                cycles = cal.isa_factor[c.isa] * self._unpack[layer] * curve[min(nt, len(curve)) - 1]
+            else:
+                cycles = cal.isa_factor[c.isa] * (self._unpack[layer] + nt * cal.cpu_cycles_per_mac)
             workers = min(self.machine.pool_workers, c.cores)
             compute = self.model.expert_weights * cycles / (workers * c.clock_ghz * 1e3)
             self._cpu[key] = cal.cpu_job_us + max(compute, self._blob[layer] / (c.mem_gbps * 1e3))

@@ -1,0 +1,132 @@
+"""Fit the simulator's H200 constants to bench/cpu_share.py runs, and show how well every column then agrees.
+
+python bench/fit_share_sim.py --model f8.gguf --fit RUN.json:TRACE.npz [--check RUN.json:TRACE.npz ...]
+
+Stage 1 fits the CPU pool's cost model (sim/costs.py: cycles a weight to unpack an i-quant, cycles a weight a
+token or, with --pool, the measured cost by token count; µs a job) and the host's slowdown while the pool runs
+(host_issue_factor) to the fixed-share columns of the --fit run: the engine's own pool at the share's token counts
+(1..8), with the DMA beside it. Stage 2 fits, for each --check run held to an emulated link
+(STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off column alone. Every other column (off
+and auto of the fit run; the shares and auto of the checks) is a prediction. Prints the constants and the
+tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command as source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from scipy.optimize import minimize, minimize_scalar
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from share_sim import _bench_plan, comparison_lines, predict  # noqa: E402
+
+
+def token_curves(pool_json: str) -> dict:
+    """cost(t) / cost(1), t = 1..8, per type family, from bench/cpu_pool.py's expert rows at its largest thread
+    count (phased pool); token counts it did not run are interpolated linearly."""
+    from sim.models import family
+
+    rows = json.load(open(pool_json))["experts"]
+    top = max(r["threads"] for r in rows)
+    out = {}
+    for name in sorted({r["type"] for r in rows}):
+        us = {r["tokens"]: 1e6 / r["experts_per_s"] for r in rows
+              if r["type"] == name and r["threads"] == top and not r.get("pipeline")}
+        if 1 not in us or len(us) < 2:
+            continue
+        ts = sorted(us)
+        out[family(name)] = tuple(round(float(np.interp(t, ts, [us[k] for k in ts]) / us[1]), 3) for t in range(1, 9))
+    return out
+
+
+def _load(m, spec: str):
+    from sim.workload import TraceRouting
+
+    path, trace = spec.split(":")
+    rep = next(iter(json.load(open(path)).values()))
+    table = {int(L): row for L, row in rep["table"].items()}
+    lengths = sorted(table)
+    names = list(next(iter(table.values())))
+    plan, n_ctx = _bench_plan(m, lengths)
+    with np.load(trace) as z:
+        routing = TraceRouting(np.asarray(z["ids"], np.int64))
+    return dict(table=table, lengths=lengths, names=names, plan=plan, n_ctx=n_ctx, routing=routing,
+                workers=rep["workers"], link=rep.get("link_gbps"), path=path)
+
+
+def _pred(m, run, machine, calib, copy_us=0.0):   # (copy_us matters only for a run on an emulated link)
+    return predict(m, run["plan"], run["lengths"], run["names"], run["workers"], run["n_ctx"], machine,
+                   run["routing"], run["link"], calib, copy_us)
+
+
+def _err(run, pred, cols):
+    return [np.log(pred[(L, n)] / run["table"][L][n]["ms"]) for L in run["lengths"] for n in cols]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--fit", required=True, help="RUN.json:TRACE.npz of bench/cpu_share.py on the real link")
+    ap.add_argument("--check", action="append", default=[], help="more runs (an emulated link: its copy cost "
+                    "is fitted to its off column)")
+    ap.add_argument("--machine", default="h200-host16")
+    ap.add_argument("--pool", help="bench/cpu_pool.py --json at 1..8 tokens on this machine: the CPU's cost by "
+                    "token count (else the linear unpack + mac x tokens model, its mac fitted too)")
+    a = ap.parse_args()
+    from sim.hardware import machine
+    from strata import models
+
+    m = models.load(a.model)
+    base = machine(a.machine).calib
+    fit = _load(m, a.fit)
+    shares = [n for n in fit["names"] if n not in ("off", "auto")]
+
+    curves = token_curves(a.pool) if a.pool else {}
+    if curves:
+        print(f"token curves from {a.pool}: " + "; ".join(f"{k} {v}" for k, v in curves.items()))
+
+    def calib_of(x):
+        per = dict(base.get("cpu_cycles_per_weight", {}))
+        if curves:
+            (iq, job, hif), mac = np.exp(x), base["cpu_cycles_per_mac"]
+        else:
+            iq, mac, job, hif = np.exp(x)
+        per["iq"] = iq
+        return {"cpu_cycles_per_weight": per, "cpu_cycles_per_mac": mac, "cpu_job_us": job,
+                "cpu_token_curve": curves, "host_issue_factor": hif}
+
+    def loss(x):
+        return float(np.mean(np.square(_err(fit, _pred(m, fit, a.machine, calib_of(x)), shares))))
+
+    x0 = [base["cpu_cycles_per_weight"]["iq"], base["cpu_job_us"], base.get("host_issue_factor", 1.87)]
+    if not curves:
+        x0.insert(1, base["cpu_cycles_per_mac"])
+    res = minimize(loss, np.log(x0), method="Nelder-Mead", options=dict(xatol=0.01, fatol=1e-5, maxfev=80))
+    calib = calib_of(res.x)
+    print(f"stage 1 (the CPU pool, from {shares} of {fit['path']}): iq {calib['cpu_cycles_per_weight']['iq']:.3f} "
+          f"cycles a weight" + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
+          + f", {calib['cpu_job_us']:.1f} us a job; host time per streamed expert x{calib['host_issue_factor']:.2f} "
+          f"while the pool runs")
+    print("\n".join(comparison_lines(fit["table"], _pred(m, fit, a.machine, calib), fit["lengths"], fit["names"])))
+    for spec in a.check:
+        run = _load(m, spec)
+        copy_us = 0.0
+        if run["link"]:
+            one = minimize_scalar(lambda c: float(np.mean(np.square(_err(run, _pred(m, run, a.machine, calib, c),
+                                                                          ["off"])))),
+                                  bounds=(0.0, 200.0), method="bounded", options=dict(xatol=0.5))
+            copy_us = float(one.x)
+            print(f"\nstage 2 ({run['path']}, link held to {run['link']:g} GB/s): {copy_us:.1f} us a copy, "
+                  f"from its off column")
+        print("\n".join(comparison_lines(run["table"], _pred(m, run, a.machine, calib, copy_us), run["lengths"],
+                                         run["names"])))
+
+
+if __name__ == "__main__":
+    main()
