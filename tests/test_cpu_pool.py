@@ -199,8 +199,14 @@ def test_submit_then_wait():
         with pytest.raises(RuntimeError, match="without a submitted batch"):
             pool.wait()
         pool.run([ExpertJob(blob, types, D, F, xs[0], np.empty_like(xs[0]))])   # the lock was released
-    for x, o in zip(xs, outs):
-        assert np.array_equal(o, _ref_expert(blob, types, x))
+        for x, o in zip(xs, outs):
+            assert np.array_equal(o, _ref_expert(blob, types, x))
+        late = np.full_like(xs[1], np.nan)
+        pool.submit(*pool.plan([ExpertJob(blob, types, D, F, xs[1], late)]))   # never waited for (an error)
+        again = np.empty_like(xs[2])
+        pool.run([ExpertJob(blob, types, D, F, xs[2], again)])                  # ends it first, then runs
+        assert np.array_equal(late, _ref_expert(blob, types, xs[1]))
+        assert np.array_equal(again, _ref_expert(blob, types, xs[2]))
     with _pool(0) as serial, pytest.raises(ValueError, match="needs worker threads"):
         serial.submit(*serial.plan([ExpertJob(blob, types, D, F, xs[0], outs[0])]))
 

@@ -248,6 +248,7 @@ class ExpertPool:
     def run_plan(self, plan: np.ndarray, owner: np.ndarray, keep=None) -> None:
         """Run a batch given as plan rows (int64 [J, JF], see _sched.py; addresses of live buffers that `keep`
         holds) and owner[j] (the job whose quantised activations job j reuses). CpuOps builds these directly."""
+        self._settle()
         with self._run_lock:
             self._publish(plan, owner, keep)
             self._finish(take_tiles=self.host)
@@ -257,6 +258,7 @@ class ExpertPool:
         the engine thread keeps issuing GPU work, no Python thread in between); `wait` ends it."""
         if self.workers == 0:
             raise ValueError("submit needs worker threads: the caller takes no tiles of a submitted batch")
+        self._settle()
         self._run_lock.acquire()
         try:
             self._publish(plan, owner, keep)
@@ -276,6 +278,12 @@ class ExpertPool:
         finally:
             self._submitted = False
             self._run_lock.release()
+
+    def _settle(self) -> None:
+        """A submitted batch nobody waited for (its caller raised before `wait`) ends before the next one starts,
+        so an error in between cannot leave the pool locked."""
+        if self._submitted:
+            self.wait()
 
     def _publish(self, plan, owner, keep) -> None:
         if self._closed:
