@@ -90,6 +90,23 @@ def _loop_runs8(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, out, ostri
 
 
 @njit(inline="always")
+def _one_token_row(run4, run3, run2, run1, w, ro, bs, nb, a, ao, dy, bi):
+    """One token's sum over a row's blocks (at byte ro): runs of four, then one run of the 1..3 left, from 0."""
+    s = _F0
+    b = 0
+    while b + 4 <= nb:
+        s = run4(w, ro + b * bs, a, ao + 292 * b, dy, bi + b, s)
+        b += 4
+    if nb - b == 3:
+        s = run3(w, ro + b * bs, a, ao + 292 * b, dy, bi + b, s)
+    elif nb - b == 2:
+        s = run2(w, ro + b * bs, a, ao + 292 * b, dy, bi + b, s)
+    elif nb - b == 1:
+        s = run1(w, ro + b * bs, a, ao + 292 * b, dy, bi + b, s)
+    return s
+
+
+@njit(inline="always")
 def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
     """Q8_K activations, token by token: each row's blocks in runs of four, then one run of the 1..3 left
     (runs.py), the row's sum held in a register; the row's weights stay in L1 across its T tokens."""
@@ -99,18 +116,7 @@ def _loop_runs(run4, run3, run2, run1, bs, w, wrow, r0, r1, a, arow, T, out, ost
     for r in range(r0, r1):
         prefetch(w, r * wrow + PREFETCH_BYTES, wrow)       # ahead of the hardware streamers (they stop at pages)
         for t in range(T):
-            s = _F0
-            b = 0
-            while b + 4 <= nb:
-                s = run4(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-                b += 4
-            if nb - b == 3:
-                s = run3(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            elif nb - b == 2:
-                s = run2(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            elif nb - b == 1:
-                s = run1(w, r * wrow + b * bs, a, t * arow + 292 * b, dy, t * nb + b, s)
-            out[t * ostride + r] = s
+            out[t * ostride + r] = _one_token_row(run4, run3, run2, run1, w, r * wrow, bs, nb, a, t * arow, dy, t * nb)
 
 
 @njit(inline="always")
@@ -174,17 +180,6 @@ def _loop_token_groups(o4, o3, o2, o1, t8x2, t8x1, t4x2, t4x1, t2x2, t2x1, bs, w
             _token_group(t2x2, t2x1, w, ro, bs, nb, a, t0 * arow, arow, dy, t0 * nb, acc[t0:])
             t0 += 2
         if T - t0 == 1:
-            s = _F0
-            b = 0
-            while b + 4 <= nb:
-                s = o4(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
-                b += 4
-            if nb - b == 3:
-                s = o3(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
-            elif nb - b == 2:
-                s = o2(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
-            elif nb - b == 1:
-                s = o1(w, ro + b * bs, a, t0 * arow + 292 * b, dy, t0 * nb + b, s)
-            acc[t0] = s
+            acc[t0] = _one_token_row(o4, o3, o2, o1, w, ro, bs, nb, a, t0 * arow, dy, t0 * nb)
         for t in range(T):
             out[t * ostride + r] = acc[t]
