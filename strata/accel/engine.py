@@ -55,8 +55,10 @@ class GpuEngine:
         self.n_ctx = n_ctx
         if self.config.dbg_link_gbps:
             dev.emulate_link(self.config.dbg_link_gbps)
+            ticks = dev.link_ticks_per_ns
             self.log(f"link: every host->device copy held to {self.config.dbg_link_gbps:g} GB/s "
-                     f"(STRATA_DBG_LINK_GBPS, an emulated slower PCIe)")
+                     f"(STRATA_DBG_LINK_GBPS, an emulated slower PCIe)"
+                     + (f"; timer {ticks:.4f} ticks/ns" if ticks else ""))
         self.plan: MemoryPlan = plan_memory(model, dev.free_bytes(), n_ctx=n_ctx, vram_budget=vram_budget,
                                             reserve_mib=reserve_mib, expert_cache=expert_cache, chunk=chunk,
                                             lend_pct=self.config.lend_pct)

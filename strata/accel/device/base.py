@@ -68,6 +68,11 @@ class Device(abc.ABC):
             raise ValueError(f"an emulated link needs a bandwidth above 0 GB/s, got {gbps!r}")
         self.link_gbps = gbps
 
+    @property
+    def link_ticks_per_ns(self) -> float | None:
+        """The emulated link's timer calibration, where it has one (CUDA); None elsewhere."""
+        return None
+
     # --- memory -----------------------------------------------------------------------------------------
     @abc.abstractmethod
     def empty(self, shape, dtype) -> object: ...

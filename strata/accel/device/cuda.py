@@ -134,15 +134,21 @@ class CudaDevice(Device):
         if not 1.0 < ms < 1000.0:
             raise DeviceError(f"the emulated link's timer is unusable here: {nominal / 1e6:g} ms of %globaltimer "
                               f"took {ms:.3f} ms of event time")
-        return stamp, hold, t, nominal / (ms * 1e6)          # timer ticks per ns
+        slots = {id(self.copy): t[0:1], id(self.compute): t[1:2]}   # one stamp per stream, views made once
+        return stamp, hold, slots, nominal / (ms * 1e6)          # timer ticks per ns
+
+    @property
+    def link_ticks_per_ns(self) -> float | None:
+        """%globaltimer ticks per nanosecond of event time, as calibrated (None before a link is emulated)."""
+        return self._link_k[3] if self._link_k is not None else None
 
     def _link_stamp(self, stream: CudaStream) -> None:
-        stamp, _, t, _ = self._link_k
-        stamp((1,), (1,), (t[int(stream is self.compute):][:1],), stream=stream.s)
+        stamp, _, slots, _ = self._link_k
+        stamp((1,), (1,), (slots[id(stream)],), stream=stream.s)
 
     def _link_hold(self, stream: CudaStream, ns: float) -> None:
-        _, hold, t, ticks = self._link_k
-        hold((1,), (1,), (t[int(stream is self.compute):][:1], np.uint64(int(ns * ticks))), stream=stream.s)
+        _, hold, slots, ticks = self._link_k
+        hold((1,), (1,), (slots[id(stream)], np.uint64(int(ns * ticks))), stream=stream.s)
 
     def d2h(self, dst: np.ndarray, src, stream: CudaStream) -> None:
         assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"
