@@ -75,13 +75,14 @@ def _llc_bytes() -> int:
     return best or 512 << 20
 
 
-def _blobs(qtype: int, d: int, f: int, n: int, sets: int, rng) -> tuple[list[list[np.ndarray]], int]:
-    """`sets` batches of n distinct expert blobs (copies of one random set: distinct memory, same values)."""
+def _blobs(qtype: int, d: int, f: int, n: int, min_bytes: int, rng) -> tuple[list[list[np.ndarray]], int]:
+    """Batches of n distinct expert blobs, at least two and at least `min_bytes` in all (copies of one random
+    batch: distinct memory, same values), and the blob size."""
     cls = quants.get(qtype)
     size = 2 * f * cls.row_bytes(d) + d * cls.row_bytes(f)
     raw = cls.random_blocks(rng, n * size // cls.type_size, 0.02).reshape(n, -1)
     out = []
-    for _ in range(sets):
+    for _ in range(max(2, -(-min_bytes // (n * size)))):
         c = raw.copy()
         out.append([c[i] for i in range(n)])
     return out, size
@@ -105,22 +106,19 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     data = {}
     for name in a.types:
         qt = next(c.qtype for c in quants.registered() if c.name == name)
-        per = quants.get(qt)
-        size = 2 * f * per.row_bytes(d) + d * per.row_bytes(f)
-        sets = max(2, -(-3 * llc // (a.experts * size)))
-        blobs, size = _blobs(qt, d, f, a.experts, sets, rng)
+        blobs, size = _blobs(qt, d, f, a.experts, 3 * llc, rng)
         xs = {n: rng.standard_normal((a.experts, n, d)).astype(np.float32) for n in a.tokens}
         outs = {n: np.empty((a.experts, n, d), np.float32) for n in a.tokens}
         data[name] = (qt, blobs, size, xs, outs)
     print(f"expert batches rotate over >= 3x the last-level cache ({llc / 2**20:.0f} MiB)")
     res: dict[tuple, list[float]] = {}
-    turn = 0
-    for r in range(a.rounds + 1):   # round 0 warms up (compiles, pages in)
+    turn = dict.fromkeys(data, 0)    # each type cycles through its own batches: a batch's blobs were last read
+    for r in range(a.rounds + 1):   # all its other batches ago. Round 0 warms up (compiles, pages in)
         for name, (qt, blobs, size, xs, outs) in data.items():
             for (w, pipe), pool in pools.items():
                 for n in a.tokens:
-                    batch = blobs[turn % len(blobs)]
-                    turn += 1
+                    batch = blobs[turn[name] % len(blobs)]
+                    turn[name] += 1
                     jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(batch)]
                     plan = pool.plan(jobs)
                     wake = pool.plan(jobs[:1])
