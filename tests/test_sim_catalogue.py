@@ -124,3 +124,21 @@ def test_machine_calib_overrides_reach_the_costs(tmp_path):
     p = tmp_path / "cat.json"
     p.write_text(json.dumps(data))
     assert check(str(p)) == ["machines.h200-host16.calib.cpu_job_us"]
+
+
+def test_measured_token_curve_scales_the_cpu_cost():
+    """With a machine's cpu_token_curve, an expert of t tokens costs curve[t-1] times one of one token (a compute-
+    bound pool, past the fixed job cost); without it, the linear unpack + mac·t model holds."""
+    import dataclasses
+
+    from sim.costs import Costs
+
+    m = model("qwen3-30b-a3b:IQ2_XS")
+    slow = dataclasses.replace(machine("h200-host16"), pool_workers=1)   # one worker: compute-bound, not DRAM
+    curve = (1.0, 1.5, 1.7, 2.0, 2.5, 3.0, 3.5, 4.0)
+    c = Costs(dataclasses.replace(slow, calib={**slow.calib, "cpu_token_curve": {"iq": curve}, "cpu_job_us": 0.0}), m)
+    one = c.cpu_expert_us(0, 1)
+    assert [round(c.cpu_expert_us(0, t) / one, 6) for t in range(1, 9)] == list(curve)
+    lin = Costs(dataclasses.replace(slow, calib={**slow.calib, "cpu_token_curve": {}, "cpu_job_us": 0.0}), m)
+    steps = [lin.cpu_expert_us(0, t + 1) - lin.cpu_expert_us(0, t) for t in range(1, 8)]
+    assert max(steps) == pytest.approx(min(steps))
