@@ -19,6 +19,7 @@ def test_defaults():
     assert (c.cpu_share, c.cpu_share_max, c.stream_min, c.ring) == (None, None, None, None)
     assert (c.lend_pct, c.repeat_min_tokens) == (90, 1024)
     assert not any((c.dbg_cpu_gate, c.pool_pipeline, c.elastic_loan, c.head_loan, c.mtp_loan, c.repeat_loan))
+    assert c.decode_graph                                   # on unless turned off
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,7 @@ def test_share_max():
         ("DBG_LINK_GBPS", "fast", "expected a bandwidth in GB/s above 0"),
         ("DBG_LINK_GBPS", "0", "expected a bandwidth in GB/s above 0"),
         ("DBG_LINK_GBPS", "-12", "expected a bandwidth in GB/s above 0"),
+        ("DECODE_GRAPH", "sometimes", "expected a switch"),
     ],
 )
 def test_rejects_name_the_variable(name, value, message):
@@ -108,6 +110,7 @@ def test_values():
     assert c.repeat_min_tokens == 50000
     assert c.dbg_link_gbps is None and cfg(DBG_LINK_GBPS="12.5").dbg_link_gbps == 12.5
     assert cfg(PREFILL_REPEAT_MIN_TOKENS="100").repeat_min_tokens == 256  # clamped to >= 256
+    assert not cfg(DECODE_GRAPH="0").decode_graph and cfg(DECODE_GRAPH="on").decode_graph
 
 
 def test_from_process(monkeypatch):

@@ -31,6 +31,7 @@ class ExpertCache:
         self.lent = 0                                                      # tail slots lent to the prompt path
         self._pending: list[tuple[object, int, int, int]] = []             # (event, slot, layer, expert)
         self.hits = self.lookups = 0
+        self.version = 0                 # bumped at every change of slot_of (the decode graph mirrors it on the device)
 
     # --- predicates -------------------------------------------------------------------------------------
     def resident(self, layer: int) -> np.ndarray:
@@ -56,6 +57,7 @@ class ExpertCache:
             self._load(n, l, e, arena)
             self.slot_of[l, e] = n
             n += 1
+        self.version += 1
         self.dev.copy.synchronize()
         return n
 
@@ -73,6 +75,7 @@ class ExpertCache:
                 l, e = self.owner[s]
                 self.slot_of[l, e] = -1
         self.lent = k
+        self.version += 1
         return self.buf[self.n_slots - k:].reshape(-1) if k else None
 
     def restore(self, arena: Arena, after_event) -> None:
@@ -95,6 +98,7 @@ class ExpertCache:
             if ev.query():
                 if self.owner[s] == (l, e):
                     self.slot_of[l, e] = s
+                    self.version += 1
             else:
                 still.append((ev, s, l, e))
         self._pending = still
@@ -118,6 +122,7 @@ class ExpertCache:
                 if s < 0:
                     continue
                 self.slot_of[m.layer, m.victim] = -1
+                self.version += 1
             self.owner[s] = None
             self._load(s, m.layer, m.expert, arena)
             ev = self.dev.event()

@@ -108,6 +108,15 @@ class GpuEngine:
         self._runner: ExpertRunner | None = None
         self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
+        self.dgraph = None                     # single-token decode as one captured graph (decode_graph.py)
+        if self.config.decode_graph and self.config.dbg_link_gbps:
+            self.log("decode: per layer (an emulated link cannot hold the decode graph's direct PCIe reads)")
+        elif self.config.decode_graph:
+            from strata.accel.decode_graph import DecodeGraph
+
+            self.dgraph = DecodeGraph(model, dev, self.ops, self.dbufs, self.cache, self.arena, n_ctx)
+            self.log("decode: one captured graph per token; misses read by the GPU over PCIe from the arena "
+                     "(STRATA_DECODE_GRAPH=0: per layer, misses shared with the CPU pool)")
 
     def _warm_pool(self, pool) -> None:
         """One tiny job per distinct layer format, so Numba compiles at load time, not in the first prompt."""
@@ -174,8 +183,11 @@ class GpuEngine:
         assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
         t0 = time.perf_counter()
         self.cache.poll()                            # experts whose copies have landed are resident now
-        self._runner, self._ring, self._walk = self.drunner, self.dring, None
-        logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
+        if self.dgraph is not None and len(tokens) == 1:
+            logits = self._graph_step(tokens[0])
+        else:
+            self._runner, self._ring, self._walk = self.drunner, self.dring, None
+            logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
         moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
         if moves:                            # evict now; newcomers are resident once their copies land
             ev = self.dev.event()
@@ -183,6 +195,25 @@ class GpuEngine:
             self.stats.tier_moves += self.cache.apply_moves(moves, self.arena, ev)
         self.stats.decode_tokens += len(tokens)
         self.stats.decode_s += time.perf_counter() - t0
+        return logits
+
+    def _graph_step(self, token: int) -> np.ndarray:
+        """One token through the decode graph; routing read back once for the stats, the tier and --dump-routing."""
+        if self.pos + 1 > self.n_ctx:
+            from strata.reference.engine import ContextOverflow
+
+            raise ContextOverflow(f"{self.pos + 1} tokens do not fit the context of {self.n_ctx}")
+        logits, ids = self.dgraph.step(int(token), self.pos)                  # [1, V], [L, 1, K]
+        res = self.dgraph.resident
+        for layer in range(self.cfg.n_layer):
+            routed = np.unique(ids[layer])
+            self.stats.lookups += routed.size
+            self.stats.hits += int(res[layer, routed].sum())
+            self.tier.note(layer, ids[layer].ravel().tolist())
+            if self.on_routing:
+                self.on_routing(layer, ids[layer])
+        self.pos += 1
+        self.n_chunks += 1
         return logits
 
     def _lend(self):

@@ -69,6 +69,7 @@ class Config:
     repeat_min_tokens: int = REPEAT_MIN_DEFAULT
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
     dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
+    decode_graph: bool = True              # STRATA_DECODE_GRAPH: single-token decode as one captured graph (SPEC §8)
 
     def __post_init__(self):
         s = self.cpu_share
@@ -85,7 +86,7 @@ class Config:
 
         ints = {f: _int(_VARS[f], get(f), *bounds) for f, bounds in _INTS.items()}
         ints["repeat_min_tokens"] = max(REPEAT_MIN_FLOOR, ints["repeat_min_tokens"])
-        flags = {f: _flag(_VARS[f], get(f)) for f in _FLAGS}
+        flags = {f: _flag(_VARS[f], get(f), default) for f, default in _FLAGS.items()}
         return cls(cpu_share=_share(get("cpu_share")), **ints, **flags,
                    gemm=_choice(_VARS["gemm"], get("gemm"), GEMM_KINDS, "mma"),
                    dbg_link_gbps=_gbps(_VARS["dbg_link_gbps"], get("dbg_link_gbps")))
@@ -111,13 +112,14 @@ _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRAT
     "cpu_share", "cpu_share_max", "stream_min", "ring", "lend_pct", "elastic_loan", "head_loan", "mtp_loan",
     "repeat_loan", "repeat_min_tokens")}
 _VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
-             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS")
+             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH")
 _INTS = {  # field -> (lowest, highest, default)
     "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
     "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
 }
 # fmt: on
-_FLAGS = ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")
+_FLAGS = {f: False for f in ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")}
+_FLAGS["decode_graph"] = True   # field -> value when unset
 
 
 def from_process() -> Config:
@@ -167,7 +169,9 @@ def _choice(name: str, v: str | None, allowed: tuple[str, ...], default: str) ->
     return v.lower()
 
 
-def _flag(name: str, v: str | None) -> bool:
-    if v is None or v.lower() in _SWITCH:
-        return v is not None and _SWITCH[v.lower()]
+def _flag(name: str, v: str | None, default: bool = False) -> bool:
+    if v is None:
+        return default
+    if v.lower() in _SWITCH:
+        return _SWITCH[v.lower()]
     raise ConfigError(f"{name}={v!r}: expected a switch (1/0, true/false, on/off, yes/no)")

@@ -121,11 +121,29 @@ class Device(abc.ABC):
     def on(self, stream: Stream):
         """Context manager: array arithmetic written as Python operators runs on `stream` inside it."""
 
+    def capture(self, fn) -> "Graph":
+        """Record the work `fn()` enqueues on the compute stream once; `Graph.launch()` replays it on that stream.
+        fn must enqueue nothing elsewhere and must read whatever changes between launches from device memory.
+        The arrays fn allocates stay allocated while the graph lives (a replay writes them again)."""
+        return Graph(fn)
+
     def bind_thread(self) -> None:
         """Call first in any thread that issues device work (CUDA: make this device current there)."""
 
     def close(self) -> None:
         pass
+
+
+class Graph:
+    """A captured piece of compute-stream work. This base class (the host twin's) replays by calling fn again."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.launches = 0
+
+    def launch(self) -> None:
+        self.launches += 1
+        self.fn()
 
 
 def get_device(kind: str = "auto", log=None, budget_bytes: int | None = None, gemm: str = "mma") -> Device:

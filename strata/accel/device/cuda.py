@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.accel.device.base import Device, DeviceError, Event, Stream
+from strata.accel.device.base import Device, DeviceError, Event, Graph, Stream
 
 
 _LINK_SRC = r"""
@@ -51,6 +51,37 @@ class CudaStream(Stream):
         self.s.synchronize()
 
 
+class CudaGraph(Graph):
+    """A CUDA graph of the compute stream's work (cudaStreamBeginCapture, relaxed mode) and every block its
+    capture allocated, held so that no later allocation can take memory a replay writes."""
+
+    def __init__(self, dev: "CudaDevice", fn):
+        super().__init__(fn)
+        cp, s = dev.cp, dev.compute.s
+        self.s, held = s, []
+
+        def alloc(n):
+            mem = dev.pool.malloc(n)
+            held.append(mem)
+            return mem
+
+        with s:
+            fn()                  # eagerly first: kernels compiled, the pool holds blocks of every size fn takes
+        s.synchronize()
+        relaxed = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", 2)
+        with cp.cuda.using_allocator(alloc), s:
+            s.begin_capture(mode=relaxed)
+            try:
+                fn()
+            finally:
+                self.graph = s.end_capture()
+        self.held = held
+
+    def launch(self) -> None:
+        self.launches += 1
+        self.graph.launch(stream=self.s)
+
+
 class CudaDevice(Device):
     kind = "cuda"
 
@@ -85,6 +116,9 @@ class CudaDevice(Device):
 
     def bind_thread(self) -> None:
         self._dev.use()
+
+    def capture(self, fn) -> CudaGraph:
+        return CudaGraph(self, fn)
 
     def on(self, stream: CudaStream):
         return stream.s

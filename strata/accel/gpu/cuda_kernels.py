@@ -7,14 +7,13 @@ Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6
 from __future__ import annotations
 
 import collections
-import pathlib
 
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
+from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.kernels import BlobRef, Kernels
 
-SRC = pathlib.Path(__file__).resolve().parent / "cuda" / "engine_kernels.cu"
 OP_N, OP_T = 0, 1                   # cublasOperation_t
 R_16F, R_32F = 2, 0                 # cudaDataType
 COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
@@ -65,7 +64,7 @@ class _DevTab:
         self.ptr, self.n = np.uint64(ptr), n
 
 
-class CudaKernels(Kernels):
+class CudaKernels(CudaDecodeKernels, Kernels):
     def __init__(self, dev, gemm: str = "mma"):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp
@@ -73,7 +72,7 @@ class CudaKernels(Kernels):
 
         self.cublas = cublas
         self.handle = cp.cuda.device.get_cublas_handle()
-        self.mod = cp.RawModule(code=SRC.read_text(), options=("--std=c++17",))
+        self.mod = cp.RawModule(code=dq.source("engine_kernels.cu"), options=("--std=c++17",))
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",

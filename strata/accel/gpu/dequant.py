@@ -6,6 +6,7 @@ a GPU. Every weight is strata.quants' float32 value rounded to fp16 (nearest eve
 
 Public API (Legend: G matrices in a launch, N rows, K row length, B = N·K / QK blocks):
   cuda_source() -> str                              the whole translation unit NVRTC compiles
+  source(name) -> str                               any cuda/*.cu with its local includes inlined
   NVRTC_OPTIONS                                     options for cupy.RawModule
   KERNEL_NAME[qtype], MATRIX_KERNEL_NAME[qtype]     extern "C" kernel names
   load_module(cupy) -> RawModule                    compile (cached by CuPy)
@@ -70,6 +71,11 @@ def _flatten(name: str, seen: set[str]) -> str:
     seen.add(name)
     text = (CUDA_DIR / name).read_text().replace("#pragma once\n", "")
     return _INCLUDE.sub(lambda m: _flatten(m.group(1), seen), text)
+
+
+def source(name: str) -> str:
+    """A .cu file of cuda/ with its local headers inlined (NVRTC has no files to include)."""
+    return _flatten(name, set())
 
 
 @functools.cache

@@ -67,6 +67,26 @@ class HostKernels(Kernels):
 
         self._run(stream, run)
 
+    # --- the decode graph --------------------------------------------------------------------------------------
+    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream):
+        q = quants.get(qtype)
+        nbytes = n * q.row_bytes(k)
+
+        def run():                       # residency is read when the work runs, as the kernel reads slot_of
+            for p, e in enumerate(ids.reshape(-1)):
+                s = src.slot_of[e]
+                blob = src.cache[s] if s >= 0 else src.arena[e]
+                w = q.dequantize(blob[off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                out[p, :n] = w.astype(F32) @ x[p // x_div].astype(F16).astype(F32)
+
+        self._run(stream, run)
+
+    def kv_store_at(self, kc, vc, k, v, pos, stream):
+        self._run(stream, lambda: self.kv_store(kc, vc, k, v, int(pos[0]), self.dev.compute))
+
+    def attn_decode(self, out, q, kc, vc, pos, scratch, stream):
+        self._run(stream, lambda: self.attention(out, q, kc, vc, int(pos[0]), scratch, self.dev.compute))
+
     # --- dense ---------------------------------------------------------------------------------------------
     def rms_norm(self, out, x, w, eps, stream):
         def run():

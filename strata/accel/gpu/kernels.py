@@ -28,6 +28,17 @@ class BlobRef:
     index: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertSource:
+    """Where a layer's expert blobs are, for the decode graph's `moe_gemv`: expert e's blob is row
+    slot_of[e] of `cache` when slot_of[e] >= 0, else row e of `arena` (pinned host memory, read over PCIe).
+    slot_of is a device int32 [E] whose contents may change between launches (residency moves)."""
+
+    cache: object      # device uint8 [slots, slot_bytes]
+    slot_of: object    # device int32 [E]
+    arena: np.ndarray  # pinned uint8 [E, blob_bytes]
+
+
 class Kernels(abc.ABC):
     @abc.abstractmethod
     def upload(self, host: np.ndarray, stream) -> object:
@@ -76,6 +87,23 @@ class Kernels(abc.ABC):
     @abc.abstractmethod
     def combine(self, out, dm, slot, w, stream) -> None:
         """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]."""
+
+    # --- the decode graph: everything that changes between tokens is read from device memory --------------------
+    @abc.abstractmethod
+    def moe_gemv(self, out, x, x_div: int, ids, src: ExpertSource, off: int, qtype: int, n: int, k: int,
+                 stream) -> None:
+        """out f32 [P, >= n] (row stride may exceed n): out[p, :n] = W_e · x[p // x_div] for e = ids[p], W_e the
+        n x k matrix of type `qtype` at byte `off` of e's blob (see ExpertSource); x f32 or f16 [rows, k],
+        rounded to fp16, fp32 sums. ids i32 [P] on the device. The same arithmetic for a cached and an arena blob."""
+
+    @abc.abstractmethod
+    def kv_store_at(self, kc, vc, k, v, pos, stream) -> None:
+        """kc/vc f16 [S, Hkv, hd] row pos[0] <- k/v f32 [1, Hkv, hd]; pos i32 [1] on the device."""
+
+    @abc.abstractmethod
+    def attn_decode(self, out, q, kc, vc, pos, scratch, stream) -> None:
+        """One query q f32 [1, H, hd] at position pos[0] (device i32 [1]) over cache rows 0..pos[0]: out f32
+        [1, H·hd], `attention`'s arithmetic. scratch f32 [H, >= pos[0] + 1]."""
 
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,21 +1,8 @@
 // The engine's CUDA kernels (strata/accel/gpu/kernels.py states each contract). NVRTC source: no host headers.
 // Legend: T tokens, D hidden, R expert-major rows, K top-k, N/Kd a matrix's rows/row length, H/Hkv heads.
-// fp16 values travel as their bit patterns (unsigned short) and convert with the cvt instructions, so the file
-// needs no cuda_fp16.h.
+// Shared helpers (fp16 conversion, block_sum): common.cuh, flattened in by strata.accel.gpu.dequant's loader.
 
-typedef unsigned short half_t;
-typedef unsigned int u32;
-
-__device__ __forceinline__ float h2f(half_t h) {
-    float f;
-    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ half_t f2h(float f) {
-    half_t h;
-    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
-    return h;
-}
+#include "common.cuh"
 
 // ---- grouped GEMM on tensor cores ---------------------------------------------------------------------------
 // For each tile (g, r0, r1): C[r0:r1, :N] = A[r0:r1, :Kd] · W[g]^T, A fp16 [R, Kd] (lda), W fp16 [G, N, Kd],
@@ -168,20 +155,6 @@ extern "C" __global__ void combine(float* out, const float* dm, const int* slot,
     }
 }
 
-__device__ __forceinline__ float block_sum(float v, float* sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    v = (threadIdx.x < (blockDim.x >> 5)) ? sh[threadIdx.x] : 0.f;
-    if (w == 0)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) sh[32] = v;
-    __syncthreads();
-    v = sh[32];
-    __syncthreads();
-    return v;
-}
 
 // one block per row: out = x / sqrt(mean(x^2) + eps) * w
 extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, float eps) {

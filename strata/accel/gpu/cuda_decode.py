@@ -1,0 +1,62 @@
+"""The decode graph's kernels on CUDA (cuda/decode_kernels.cu; kernels.py states each contract): experts straight
+from their quantised blobs in the cache or the pinned arena, and one token's attention at a device-held position.
+
+Legend: P (token, k) pairs, N/Kd a matrix's rows/row length, H/Hkv heads, hd head size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.accel.gpu import dequant as dq
+
+MG_WARPS, MG_STAGE, MG_ROWS = 8, 1152, 4     # decode_kernels.cu; MG_ROWS rows per warp
+SMEM_MAX = 48 << 10                          # dynamic shared memory without an opt-in
+
+
+class CudaDecodeKernels:
+    """Mixed into CudaKernels (which supplies self.cp); the module compiles on first use (NVRTC, cached by CuPy)."""
+
+    _dmod = None
+
+    def _decode_fn(self, name: str):
+        if self._dmod is None:
+            self._dmod = self.cp.RawModule(code=dq.source("decode_kernels.cu"), options=("--std=c++17",))
+            self._dfn = {}
+        fn = self._dfn.get(name)
+        if fn is None:
+            fn = self._dfn[name] = self._dmod.get_function(name)
+        return fn
+
+    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream):
+        cls = dq._check_type(qtype)
+        P = ids.size
+        assert out.dtype == np.float32 and out.strides[1] == 4 and out.shape[0] >= P and out.shape[1] >= n
+        assert x.strides[1] == x.itemsize and x.shape[1] == k and x.dtype in (np.float32, np.float16)
+        assert ids.dtype == np.int32 and ids.flags.c_contiguous and src.slot_of.dtype == np.int32
+        assert k % cls.block_size == 0, f"rows of {k} weights are not whole {cls.name} blocks"
+        smem = k * 4 + MG_WARPS * MG_STAGE
+        assert smem <= SMEM_MAX, f"moe_gemv: rows of {k} weights need {smem} bytes of shared memory"
+        f32 = x.dtype == np.float32
+        nul = np.uint64(0)
+        grid = (-(-n // (MG_WARPS * MG_ROWS)), P)
+        self._decode_fn(f"moe_gemv_{dq.SUFFIX[qtype]}")(
+            grid, (32 * MG_WARPS,),
+            (out, np.int32(out.strides[0] // 4), x if f32 else nul, nul if f32 else x,
+             np.int32(x.strides[0] // x.itemsize), np.int32(x_div), ids, src.slot_of, src.cache,
+             np.int64(src.cache.strides[0]), np.uint64(src.arena.ctypes.data), np.int64(src.arena.strides[0]),
+             np.int64(off), np.int32(n), np.int32(k // cls.block_size)),
+            stream=stream.s, shared_mem=smem)
+
+    def kv_store_at(self, kc, vc, k, v, pos, stream):
+        n = k.size
+        assert k.flags.c_contiguous and v.flags.c_contiguous and kc.shape[1] * kc.shape[2] == n
+        self._decode_fn("kv_store_at")((-(-n // 256),), (256,), (kc, vc, k, v, pos, np.int32(n)), stream=stream.s)
+
+    def attn_decode(self, out, q, kc, vc, pos, scratch, stream):
+        T, H, hd = q.shape
+        assert T == 1 and q.flags.c_contiguous and out.flags.c_contiguous and scratch.dtype == np.float32
+        self._decode_fn("attn_decode")((H,), (128,), (out, q, kc, vc, pos, scratch, np.int32(scratch.shape[1]),
+                                                     np.int32(H), np.int32(kc.shape[1]), np.int32(hd),
+                                                     np.float32(1.0 / np.sqrt(hd))),
+                                       stream=stream.s, shared_mem=hd * 4)
