@@ -152,14 +152,15 @@ def test_attention(devs, pos0, T):
 
 
 @pytest.mark.parametrize("T", [13, 3, 1])       # cuBLAS, and the decode GEMV (T <= 8)
-def test_linear(devs, T):
+@pytest.mark.parametrize("K", [96, 100, 2056])  # the GEMV's 8-wide loads (K % 8 == 0) and its scalar path
+def test_linear(devs, T, K):
     c, h = devs
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((T, 96)).astype(np.float32)
+    x = rng.standard_normal((T, K)).astype(np.float32)
     for wdt in (np.float16, np.float32):
-        w = (rng.standard_normal((40, 96)) / 8).astype(wdt)
+        w = (rng.standard_normal((40, K)) / 8).astype(wdt)
         oh = np.zeros((T, 80), np.float32)
-        h.k.linear(oh[:, :40], x, w, h.compute)
+        h.k.linear(oh[:, :40], x, w, h.compute)     # (K = 96: 8-wide loads; 100: scalar; 2056: both)
         oc = c.zeros((T, 80), np.float32)
         c.k.linear(oc[:, :40], c.asarray(x), c.asarray(w), c.compute)
         close(c.tohost(oc)[:, :40], oh[:, :40], 2e-3)

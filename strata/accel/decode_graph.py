@@ -71,6 +71,11 @@ class DecodeGraph:
 
     def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """One token at position `pos`: (logits [1, V], routed ids [L, 1, K]), both host copies."""
+        self.launch(token, pos)
+        return self.wait()
+
+    def launch(self, token: int, pos: int) -> None:
+        """Enqueue one token's step (returns at once; `wait` collects it)."""
         dev, s = self.dev, self.dev.compute
         if self.cache.version != self.version:       # the last step has finished: its upload left table_host
             self.table_host[...] = self.cache.slot_of
@@ -88,6 +93,8 @@ class DecodeGraph:
         dev.d2h(self.logits_host, self.logits, s)
         dev.d2h(self.ids_host, self.ids, s)
         self.done.record(s)
+
+    def wait(self) -> tuple[np.ndarray, np.ndarray]:
         self.done.synchronize()
         return self.logits_host.copy(), self.ids_host.copy()
 

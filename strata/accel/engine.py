@@ -184,32 +184,40 @@ class GpuEngine:
         t0 = time.perf_counter()
         self.cache.poll()                            # experts whose copies have landed are resident now
         if self.dgraph is not None and len(tokens) == 1:
-            logits = self._graph_step(tokens[0])
+            logits = self._graph_step(tokens[0])       # runs the tier's round while the GPU works
         else:
             self._runner, self._ring, self._walk = self.drunner, self.dring, None
             logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
-        moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
-        if moves:                            # evict now; newcomers are resident once their copies land
-            ev = self.dev.event()
-            ev.record(self.dev.compute)
-            self.stats.tier_moves += self.cache.apply_moves(moves, self.arena, ev)
+            self._tier_round()
         self.stats.decode_tokens += len(tokens)
         self.stats.decode_s += time.perf_counter() - t0
         return logits
 
+    def _tier_round(self) -> None:
+        """The adaptive tier's end of round (SPEC §7): evict now; newcomers are resident once their copies land,
+        which wait for the compute work enqueued so far (a step in flight may still read an evicted slot)."""
+        moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
+        if moves:
+            ev = self.dev.event()
+            ev.record(self.dev.compute)
+            self.stats.tier_moves += self.cache.apply_moves(moves, self.arena, ev)
+
     def _graph_step(self, token: int) -> np.ndarray:
-        """One token through the decode graph; routing read back once for the stats, the tier and --dump-routing."""
+        """One token through the decode graph. The tier's round (counts up to the last token) runs while the GPU
+        works; the routing comes back once for the stats, the tier and --dump-routing."""
         if self.pos + 1 > self.n_ctx:
             from strata.reference.engine import ContextOverflow
 
             raise ContextOverflow(f"{self.pos + 1} tokens do not fit the context of {self.n_ctx}")
-        logits, ids = self.dgraph.step(int(token), self.pos)                  # [1, V], [L, 1, K]
-        res = self.dgraph.resident
+        self.dgraph.launch(int(token), self.pos)
+        res = self.dgraph.resident                                            # [L, E] as this step runs
+        self._tier_round()
+        logits, ids = self.dgraph.wait()                                      # [1, V], [L, 1, K]
+        ids2 = ids[:, 0, :]                                                   # [L, K]: distinct per layer (top-k)
+        self.stats.lookups += ids2.size
+        self.stats.hits += int(np.take_along_axis(res, ids2.astype(np.int64), 1).sum())
         for layer in range(self.cfg.n_layer):
-            routed = np.unique(ids[layer])
-            self.stats.lookups += routed.size
-            self.stats.hits += int(res[layer, routed].sum())
-            self.tier.note(layer, ids[layer].ravel().tolist())
+            self.tier.note(layer, ids2[layer].tolist())
             if self.on_routing:
                 self.on_routing(layer, ids[layer])
         self.pos += 1

@@ -10,7 +10,8 @@ import numpy as np
 
 from strata.accel.gpu import dequant as dq
 
-MG_WARPS, MG_STAGE, MG_ROWS = 8, 1152, 4     # decode_kernels.cu; MG_ROWS rows per warp
+MG_WARPS, MG_STAGE = 8, 1152                 # decode_kernels.cu
+MG_ROWS = 2    # rows per warp: more warps in flight keep more PCIe reads outstanding; each block stages x once
 SMEM_MAX = 48 << 10                          # dynamic shared memory without an opt-in
 
 
@@ -35,7 +36,7 @@ class CudaDecodeKernels:
         assert x.strides[1] == x.itemsize and x.shape[1] == k and x.dtype in (np.float32, np.float16)
         assert ids.dtype == np.int32 and ids.flags.c_contiguous and src.slot_of.dtype == np.int32
         assert k % cls.block_size == 0, f"rows of {k} weights are not whole {cls.name} blocks"
-        smem = k * 4 + MG_WARPS * MG_STAGE
+        smem = (k + k // 32) * 4 + MG_WARPS * MG_STAGE                  # x padded (XS) | the warps' stages
         assert smem <= SMEM_MAX, f"moe_gemv: rows of {k} weights need {smem} bytes of shared memory"
         f32 = x.dtype == np.float32
         nul = np.uint64(0)

@@ -230,9 +230,10 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                 x = x32
             assert x.strides[1] == 4
             name = "gemv_f16" if w.dtype == np.float16 else "gemv_f32"
+            vec = K % 8 == 0 and (x.data.ptr | w.data.ptr) % 16 == 0 and (x.strides[0] // 4) % 4 == 0
             self.fn[name]((-(-N * 32 // 256),), (256,), (out, np.int32(out.strides[0] // 4), x,
                                                          np.int32(x.strides[0] // 4), w, np.int32(N), np.int32(K),
-                                                         np.int32(T)), stream=stream.s)
+                                                         np.int32(T), np.int32(vec)), stream=stream.s)
         elif w.dtype == np.float16:
             if x.dtype == np.float16 and x.flags.c_contiguous:
                 xh = x

@@ -11,9 +11,11 @@
 // GPU reads over PCIe (host memory from cudaHostAlloc is device-addressable under UVA). Both sources run this one
 // kernel, so residency never changes the arithmetic. A warp owns a row; per step it stages 32 parts (1,024 weights
 // of a block type) with 4-byte loads into shared memory (one read of each byte, coalesced: what a zero-copy read
-// over PCIe needs), then each lane dequantises its part exactly (dequant.cuh) and rounds it to fp16.
+// over PCIe needs), then each lane dequantises its part exactly (dequant.cuh) and rounds it to fp16. x sits in
+// shared memory with a pad float after every 32 (XS), so the 32 lanes reading their parts' weight j hit 32 banks.
 #define MG_WARPS 8
 #define MG_STAGE 1152  // bytes: 32 parts of any type (Q8_0's 32 blocks take 1,088)
+#define XS(i) ((i) + ((i) >> 5))
 
 template <class Q>
 __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, const half_t* xh, int ldx, int x_div,
@@ -28,10 +30,10 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
     const int p = blockIdx.y, e = ids[p], s = slot_of[e];
     const uint8_t* W = (s >= 0 ? cache + (long long)s * slot_bytes : arena + (long long)e * blob_bytes) + off;
     const long long xr = (long long)(p / x_div) * ldx;
-    for (int i = threadIdx.x; i < Kd; i += blockDim.x) xs[i] = x ? h2f(f2h(x[xr + i])) : h2f(xh[xr + i]);
+    for (int i = threadIdx.x; i < Kd; i += blockDim.x) xs[XS(i)] = x ? h2f(f2h(x[xr + i])) : h2f(xh[xr + i]);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint8_t* st = sm + (long long)Kd * 4 + warp * MG_STAGE;
+    uint8_t* st = sm + (long long)XS(Kd) * 4 + warp * MG_STAGE;
     const long long row_bytes = (long long)RB * Q::SIZE;
     for (int n = blockIdx.x * MG_WARPS + warp; n < N; n += gridDim.x * MG_WARPS) {
         const uint8_t* row = W + n * row_bytes;
@@ -51,7 +53,7 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
             if (lane < nb * PPB) {
                 float v[Q::PART];
                 Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
-                const float* xv = xs + b0 * Q::QK + lane * Q::PART;
+                const float* xv = xs + XS(b0 * Q::QK + lane * Q::PART);     // a part never crosses a pad
                 STRATA_UNROLL
                 for (int i = 0; i < Q::PART; ++i) acc = fmaf(h2f(f2h(v[i])), xv[i], acc);
             }
