@@ -57,3 +57,21 @@ def test_graph_sees_residency_changes(kind):
     assert np.array_equal(full.view(np.uint32), none.view(np.uint32))
     assert e_full.stats.hits == e_full.stats.lookups and e_none.stats.hits == 0
     assert e_full.dgraph.version == e_full.cache.version
+
+
+def test_rows_too_long_for_the_graph_fall_back_to_the_per_layer_path():
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("strata-tiny"))
+    dev = HostDevice()
+    dev.k.moe_gemv_max_k = m.cfg.n_embd - 32                  # as CUDA's shared memory would bound it
+    lines = []
+    try:
+        e = GpuEngine(m, dev, n_ctx=32, log=lines.append)
+        e.prefill([1, 2, 3])
+        e.decode([4])
+    finally:
+        dev.close()
+    assert e.dgraph is None and any("decode: per layer (expert rows of" in x for x in lines)
+    assert e.stats.decode_tokens == 1

@@ -109,8 +109,12 @@ class GpuEngine:
         self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
         self.dgraph = None                     # single-token decode as one captured graph (decode_graph.py)
+        longest = max(self.cfg.n_embd, self.cfg.n_ff_exp)
         if self.config.decode_graph and self.config.dbg_link_gbps:
             self.log("decode: per layer (an emulated link cannot hold the decode graph's direct PCIe reads)")
+        elif self.config.decode_graph and longest > dev.k.moe_gemv_max_k:
+            self.log(f"decode: per layer (expert rows of {longest} weights exceed the decode graph's "
+                     f"{dev.k.moe_gemv_max_k})")
         elif self.config.decode_graph:
             from strata.accel.decode_graph import DecodeGraph
 

@@ -19,6 +19,8 @@ class CudaDecodeKernels:
     """Mixed into CudaKernels (which supplies self.cp); the module compiles on first use (NVRTC, cached by CuPy)."""
 
     _dmod = None
+    # the longest rows moe_gemv takes: x (padded) and the warps' stages in 48 KiB of shared memory
+    moe_gemv_max_k = (SMEM_MAX - MG_WARPS * MG_STAGE) // 4 * 32 // 33 // 256 * 256
 
     def _decode_fn(self, name: str):
         if self._dmod is None:

@@ -89,6 +89,8 @@ class Kernels(abc.ABC):
         """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]."""
 
     # --- the decode graph: everything that changes between tokens is read from device memory --------------------
+    moe_gemv_max_k = 1 << 30      # the longest matrix rows moe_gemv takes (CUDA: its shared memory)
+
     @abc.abstractmethod
     def moe_gemv(self, out, x, x_div: int, ids, src: ExpertSource, off: int, qtype: int, n: int, k: int,
                  stream) -> None:
