@@ -4,11 +4,13 @@ python bench/fit_share_sim.py --model f8.gguf --fit RUN.json:TRACE.npz [--check 
 
 Stage 1 fits the CPU pool's cost model (sim/costs.py: cycles a weight to unpack an i-quant, cycles a weight a
 token or, with --pool, the measured cost by token count; µs a job) and the host's slowdown while the pool runs
-(host_issue_factor) to the fixed-share columns of the --fit run: the engine's own pool at the share's token counts
-(1..8), with the DMA beside it. Stage 2 fits, for each --check run held to an emulated link
-(STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off column alone. Every other column (off
-and auto of the fit run; the shares and auto of the checks) is a prediction. Prints the constants and the
-tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command as source.
+(host_issue_factor) to the off and fixed-share columns of the --fit run: the engine's own pool at the share's
+token counts (1..8), with the DMA beside it; the host's time per streamed expert is the catalogue's, measured. Every prompt of a
+bench waits for the previous prompt's loan refill (share_sim.predict: the simulator carries it). Stage 2 fits, for
+each --check run held to an emulated link (STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off
+column alone. Every other column (the fit run's auto; the checks' shares and auto) is a prediction. Prints the
+constants and the tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command
+as source.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _load(m, spec: str):
     with np.load(trace) as z:
         routing = TraceRouting(np.asarray(z["ids"], np.int64))
     return dict(table=table, lengths=lengths, names=names, plan=plan, n_ctx=n_ctx, routing=routing,
-                workers=rep["workers"], link=rep.get("link_gbps"), path=path)
+                workers=rep["workers"], link=rep.get("link_gbps"), path=path, auto_share=rep.get("auto_share"))
 
 
 def _pred(m, run, machine, calib, copy_us=0.0):   # (copy_us matters only for a run on an emulated link)
@@ -101,18 +103,21 @@ def main():
         return {"cpu_cycles_per_weight": per, "cpu_cycles_per_mac": mac, "cpu_job_us": job,
                 "cpu_token_curve": curves, "host_issue_factor": hif}
 
+    share = fit["auto_share"]      # the engine's meter after its auto rounds: g / (c + g) as the engine saw them
+
     def loss(x):
-        return float(np.mean(np.square(_err(fit, _pred(m, fit, a.machine, calib_of(x)), shares))))
+        return float(np.mean(np.square(_err(fit, _pred(m, fit, a.machine, calib_of(x)), ["off"] + shares))))
 
     x0 = [base["cpu_cycles_per_weight"]["iq"], base["cpu_job_us"], base.get("host_issue_factor", 1.87)]
     if not curves:
         x0.insert(1, base["cpu_cycles_per_mac"])
-    res = minimize(loss, np.log(x0), method="Nelder-Mead", options=dict(xatol=0.01, fatol=1e-5, maxfev=80))
+    res = minimize(loss, np.log(x0), method="Nelder-Mead", options=dict(xatol=0.01, fatol=1e-5, maxfev=110))
     calib = calib_of(res.x)
     print(f"stage 1 (the CPU pool, from {shares} of {fit['path']}): iq {calib['cpu_cycles_per_weight']['iq']:.3f} "
           f"cycles a weight" + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
           + f", {calib['cpu_job_us']:.1f} us a job; host time per streamed expert x{calib['host_issue_factor']:.2f} "
-          f"while the pool runs")
+          f"while the pool runs; the simulated meter's share {_pred(m, fit, a.machine, calib)['auto_share']:.2f} "
+          f"against the engine's {share:.2f}")
     print("\n".join(comparison_lines(fit["table"], _pred(m, fit, a.machine, calib), fit["lengths"], fit["names"])))
     for spec in a.check:
         run = _load(m, spec)

@@ -39,14 +39,16 @@ def sim_model_of(m):
 
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
-# column of bench/results/h200/share_f_link12.json (12 GB/s) alone
-EMULATED_COPY_US = 39.5
+# column of bench/results/h200/share_f_link12.json (12 GB/s) alone. (39.5 us before the loan refill was modelled:
+# that value absorbed the refill's 637 copies at every prompt's start.)
+EMULATED_COPY_US = 7.8
 
 
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
             link_gbps: float | None = None, calib: dict | None = None,
-            link_copy_us: float = EMULATED_COPY_US) -> dict:
-    """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto'. link_gbps: the
+            link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None) -> dict:
+    """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
+    simulated meter's share after auto's session). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
     the copy's start: its real time, being shorter, disappears inside)."""
     from sim.engine import Run, Session, prefill
@@ -62,7 +64,11 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
                                                                   h2d_latency_us=link_copy_us))
     if calib:
         mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
+    if host_issue_us is not None:
+        mach = dataclasses.replace(mach, host_issue_us=host_issue_us)
     resident = engine_residency(m.cfg, plan.cache_slots, plan.loan_slots)
+    # the bench runs prompts back to back: each starts by waiting for the previous one's loan refill (SPEC §9)
+    restore = 0 if plan.owned_prompt else plan.loan_slots
     out = {}
     for n in names:
         cfg = setting_config("default" if n == "auto" else n)
@@ -70,10 +76,12 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         for _ in range(2 if n == "auto" else 1):
             for L in lengths:
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=resident)
+                          routing=routing, residency=resident, restore=restore)
                 if session is None or n != "auto":
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms
+        if n == "auto":
+            out["auto_share"] = session.policy.meter.share     # the meter's share after the session
     return out
 
 

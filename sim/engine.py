@@ -63,6 +63,8 @@ class Run:
     #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
     layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
     #                            window times per expert differ up to 8x between layers, repeatably)
+    restore: int = 0  # blobs of the previous prompt's loan still being refilled when this one starts: prompts
+    #                   back to back (a benchmark's) wait for them, as the engine's lend waits for both streams
 
     @property
     def share(self) -> Share:
@@ -159,6 +161,8 @@ class _Runner:
 
     def host(self):
         run, plan, ring = self.run, self.result.vram.plan, self.ring
+        if run.restore:   # the lent slots go back and refill after a prompt (SPEC §9); the next prompt's loan waits
+            yield self.link.h2d("loan refill", run.model.max_blob, count=run.restore)
         start = 0
         while start < run.prompt:
             t = min(plan.chunk, run.prompt - start)

@@ -60,3 +60,22 @@ def test_run_residency_is_the_engines():
                     residency=tuple(map(tuple, res.tolist()))))
     want = sum(int(((routing.counts(l, 0, 64) > 0) & ~res[l]).sum()) for l in range(2))
     assert r.resident == int(res.sum()) and r.n_streamed == want
+
+
+def test_a_prompt_waits_for_the_previous_loan_refill():
+    """Prompts back to back (a benchmark's): the last prompt's lent slots refill over the link first (SPEC §9), and
+    the next prompt starts only when they have landed, as the engine's lend waits for both streams."""
+    import dataclasses
+
+    from sim.engine import Run, prefill
+    from sim.hardware import machine
+    from sim.models import model
+    from sim.whatif import setting_config
+
+    sm = model("qwen3-30b-a3b:Q4_K_M")
+    sm = dataclasses.replace(sm, shape=dataclasses.replace(sm.shape, n_layer=2))
+    mach = machine("h200-host16")
+    run = Run(mach, sm, 64, cfg=setting_config("off"), routing=ZipfRouting(2, sm.n_expert, sm.k, seed=3))
+    base = prefill(run).prompt_ms
+    after = prefill(dataclasses.replace(run, restore=100)).prompt_ms
+    assert after - base == pytest.approx(100 * mach.link.h2d_us(sm.max_blob) / 1e3, rel=1e-6)
