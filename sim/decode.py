@@ -2,8 +2,9 @@
 
 Per layer and token: dense weights and the KV cache read once; K experts, a hit rate from the profile's mass
 on resident experts; misses split between the GPU reading them over PCIe and the CPU pool computing them in
-place, at the fraction where both sides end together (the cost model ``--pcie-frac`` stands for). No
-speculative decoding: one token per pass.
+place, at the fraction where both sides end together (the cost model ``--pcie-frac`` stands for), or, as
+Strata's decode graph does (strata/accel/decode_graph.py, ``pcie_only``), every miss read by the GPU over PCIe
+while its product runs. No speculative decoding: one token per pass.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class DecodeEstimate:
 
 
 def decode_estimate(
-    costs: Costs, profile: list[np.ndarray], resident: list[list[bool]], ctx: int
+    costs: Costs, profile: list[np.ndarray], resident: list[list[bool]], ctx: int, pcie_only: bool = False
 ) -> DecodeEstimate:
     m, cal = costs.model, costs.calib
     graph_launch_us = 1.0  # decode runs as captured graphs: ~1 µs a kernel (peers.md 3.3, KTransformers)
@@ -38,10 +39,13 @@ def decode_estimate(
         blob = m.blob_bytes(l)
         hit_us = m.k * hit * (costs._bw_us(blob) + cal.gpu_expert_us)
         miss = m.k * (1.0 - hit)
-        tp = costs.copy_us(blob, False) + costs._bw_us(blob)  # over PCIe, then computed
-        tc = costs.cpu_expert_us(l, 1)
-        f = tc / (tp + tc)
-        total += dense + hit_us + miss * tp * tc / (tp + tc)
+        if pcie_only:   # read in place over PCIe by the product itself: the link's time
+            f, miss_us = 1.0, miss * costs.copy_us(blob, False)
+        else:
+            tp = costs.copy_us(blob, False) + costs._bw_us(blob)  # over PCIe, then computed
+            tc = costs.cpu_expert_us(l, 1)
+            f, miss_us = tc / (tp + tc), miss * tp * tc / (tp + tc)
+        total += dense + hit_us + miss_us
         hits.append(hit)
         fracs.append(f)
     total += costs.head_us()

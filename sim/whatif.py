@@ -171,5 +171,6 @@ def whatif(
     vp = plan_vram(machine, model, Config(), ctx, cache_slots)
     routing = ZipfRouting(model.n_layer, model.n_expert, model.k, seed=seed)
     after = residency(routing.profile(), min(vp.cache_slots, model.n_layer * model.n_expert))
-    dec = decode_estimate(Costs(machine, model), routing.profile(), after, ctx)
+    graph = qualifies and Config().decode_graph       # the engine's default decode on CUDA: one graph a token
+    dec = decode_estimate(Costs(machine, model), routing.profile(), after, ctx, pcie_only=graph)
     return WhatIf(machine, model, prompt, results, dec, curves)

@@ -72,3 +72,21 @@ def test_cli_and_plot(tmp_path):
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])
     assert (width, height) == (880, 550)
+
+
+def test_decode_estimate_of_the_decode_graph():
+    """Strata's decode graph reads every miss over PCIe (pcie_only): the PCIe share is 100%, and it is never faster
+    than splitting the misses with the CPU pool where both sides end together; whatif uses it on CUDA."""
+    from sim.costs import Costs
+    from sim.decode import decode_estimate
+    from sim.workload import ZipfRouting, residency
+
+    mach, m = compose("rtx-4070-ti", "ryzen9-7950x"), model("qwen3-30b-a3b:Q4_K_M")
+    prof = ZipfRouting(m.n_layer, m.n_expert, m.k, seed=0).profile()
+    res = residency(prof, m.n_layer * m.n_expert // 4)
+    graph = decode_estimate(Costs(mach, m), prof, res, 1024, pcie_only=True)
+    split = decode_estimate(Costs(mach, m), prof, res, 1024)
+    assert graph.pcie_frac == 1.0 and 0.0 < split.pcie_frac < 1.0
+    assert 0.0 < graph.tok_s <= split.tok_s and graph.hit_rate == split.hit_rate
+    w = whatif(mach, m, 600, settings=("off",))
+    assert w.decode.pcie_frac == 1.0 and w.decode.tok_s == pytest.approx(graph.tok_s, rel=0.2)

@@ -94,7 +94,7 @@ class GpuEngine:
             self.cpu_block = CpuBlock(dev, c, self.arena, pool, self.share, self.config, max(p.chunk, MAXT))
             if self.share.by_default:
                 self.log("prefill CPU share: auto, on by default on one CUDA GPU (STRATA_PREFILL_CPU_SHARE=0 "
-                         "turns it off); the pool also takes decode misses")
+                         "turns it off); the pool also takes decode misses on the per-layer decode path")
         # the adaptive tier (SPEC §7): usage counted in decode, moves between rounds
         self.tier = policy.TIERS.create(policy.TierKind.ADAPTIVE, c.n_layer, c.n_expert)
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
