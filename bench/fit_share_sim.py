@@ -103,8 +103,6 @@ def main():
         return {"cpu_cycles_per_weight": per, "cpu_cycles_per_mac": mac, "cpu_job_us": job,
                 "cpu_token_curve": curves, "host_issue_factor": hif}
 
-    share = fit["auto_share"]      # the engine's meter after its auto rounds: g / (c + g) as the engine saw them
-
     def loss(x):
         return float(np.mean(np.square(_err(fit, _pred(m, fit, a.machine, calib_of(x)), ["off"] + shares))))
 
@@ -113,12 +111,14 @@ def main():
         x0.insert(1, base["cpu_cycles_per_mac"])
     res = minimize(loss, np.log(x0), method="Nelder-Mead", options=dict(xatol=0.01, fatol=1e-5, maxfev=110))
     calib = calib_of(res.x)
-    print(f"stage 1 (the CPU pool, from {shares} of {fit['path']}): iq {calib['cpu_cycles_per_weight']['iq']:.3f} "
-          f"cycles a weight" + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
+    pred = _pred(m, fit, a.machine, calib)
+    print(f"stage 1 (the CPU pool, from {['off'] + shares} of {fit['path']}): iq "
+          f"{calib['cpu_cycles_per_weight']['iq']:.3f} cycles a weight"
+          + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
           + f", {calib['cpu_job_us']:.1f} us a job; host time per streamed expert x{calib['host_issue_factor']:.2f} "
-          f"while the pool runs; the simulated meter's share {_pred(m, fit, a.machine, calib)['auto_share']:.2f} "
-          f"against the engine's {share:.2f}")
-    print("\n".join(comparison_lines(fit["table"], _pred(m, fit, a.machine, calib), fit["lengths"], fit["names"])))
+          f"while the pool runs; the simulated meter's share {pred['auto_share']:.2f} against the engine's "
+          f"{fit['auto_share']:.2f}")
+    print("\n".join(comparison_lines(fit["table"], pred, fit["lengths"], fit["names"])))
     for spec in a.check:
         run = _load(m, spec)
         copy_us = 0.0

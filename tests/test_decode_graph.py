@@ -48,15 +48,61 @@ def test_graph_matches_the_per_layer_path(kind, name):
 
 
 @pytest.mark.parametrize("kind", _devices())
-def test_graph_sees_residency_changes(kind):
-    """The device residency table follows the cache: after a prompt lends slots and their refills land, the next
-    token's hits count them; the bits never depend on it."""
+def test_the_device_residency_table_follows_the_cache(kind):
+    """A residency change between tokens (an adaptive-tier move: evict one expert, load another into its slot)
+    reaches the device's table before the next launch; the bits stay those of an engine that holds every expert
+    (a stale table would send the victim's tokens to its old slot, which now holds the newcomer)."""
+    from strata.accel.engine import GpuEngine
+    from strata.policy.tier import Move
+
     m = models.load(golden.model_path("strata-tiny"))
-    _, full, e_full, _ = _decode(m, kind, True, None)
-    _, none, e_none, _ = _decode(m, kind, True, 0)
-    assert np.array_equal(full.view(np.uint32), none.view(np.uint32))
-    assert e_full.stats.hits == e_full.stats.lookups and e_none.stats.hits == 0
-    assert e_full.dgraph.version == e_full.cache.version
+    E = m.cfg.n_expert
+    outs = []
+    for cache in (None, m.cfg.n_layer * E // 2):
+        dev = make_device(kind)
+        try:
+            e = GpuEngine(m, dev, n_ctx=64, expert_cache=cache)
+            e.prefill(list(range(30, 50)))
+            out = [e.decode([60])]
+            if cache is not None:
+                res = e.cache.resident(0)
+                victim, newcomer = int(np.flatnonzero(res)[0]), int(np.flatnonzero(~res)[0])
+                slot = int(e.cache.slot_of[0, victim])
+                ev = dev.event()
+                ev.record(dev.compute)
+                assert e.cache.apply_moves([Move(0, newcomer, victim, 1.0)], e.arena, ev) == 1
+                dev.synchronize()
+            out += [e.decode([t]) for t in range(61, 66)]           # decode() polls: the newcomer lands
+            outs.append(np.concatenate(out))
+            if cache is not None:
+                assert e.cache.slot_of[0, victim] == -1 and e.cache.slot_of[0, newcomer] == slot
+                assert e.dgraph.version == e.cache.version
+                assert np.array_equal(dev.tohost(e.dgraph.table), e.cache.slot_of)
+        finally:
+            dev.close()
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_decode_past_the_context_is_refused(graph):
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+    from strata.reference.engine import ContextOverflow
+
+    m = models.load(golden.model_path("strata-tiny"))
+    dev = HostDevice()
+    try:
+        e = GpuEngine(m, dev, n_ctx=8, config=policy.Config(decode_graph=graph))
+        e.prefill(list(range(1, 7)))
+        e.decode([7, 8] if not graph else [7])
+        with pytest.raises(ContextOverflow, match="do not fit the context of 8"):
+            e.decode([9, 10])
+        if graph:
+            e.decode([9])
+            with pytest.raises(ContextOverflow, match="9 tokens do not fit the context of 8"):
+                e.decode([10])
+    finally:
+        dev.close()
 
 
 def test_rows_too_long_for_the_graph_fall_back_to_the_per_layer_path():

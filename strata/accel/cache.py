@@ -28,7 +28,6 @@ class ExpertCache:
         self.buf = dev.empty((max(n_slots, 1), slot_bytes), np.uint8)     # [slots, slot_bytes]
         self.slot_of = np.full((n_layer, n_expert), -1, np.int32)          # residency
         self.owner: list[tuple[int, int] | None] = [None] * n_slots
-        self.owned = np.zeros(max(n_slots, 1), bool)                       # owner[s] is not None (counted per round)
         self.lent = 0                                                      # tail slots lent to the prompt path
         self._pending: list[tuple[object, int, int, int]] = []             # (event, slot, layer, expert)
         self.hits = self.lookups = 0
@@ -43,7 +42,7 @@ class ExpertCache:
 
     def free(self) -> int:
         """Usable slots that hold no expert (nor one in flight)."""
-        return int((~self.owned[:self.usable]).sum())       # a slot in flight has its owner set already
+        return self.owner[:self.usable].count(None)          # a slot in flight has its owner set already
 
     @property
     def usable(self) -> int:
@@ -65,7 +64,6 @@ class ExpertCache:
         b = arena.blob(l, e)
         self.dev.h2d(self.buf[slot, :b.nbytes], b, self.dev.copy)
         self.owner[slot] = (l, e)
-        self.owned[slot] = True
 
     def lend(self, k: int) -> object:
         """Lend the last k slots to the prompt path: their experts turn non-resident now. Returns the region
@@ -125,7 +123,6 @@ class ExpertCache:
                 self.slot_of[m.layer, m.victim] = -1
                 self.version += 1
             self.owner[s] = None
-            self.owned[s] = False
             self._load(s, m.layer, m.expert, arena)
             ev = self.dev.event()
             ev.record(self.dev.copy)

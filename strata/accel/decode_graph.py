@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import quants
 from strata.accel.dense import DeviceOps
 from strata.accel.gpu.kernels import ExpertSource
+from strata.accel.moe import blob_offsets
 from strata.models.common import head
 
 
@@ -63,20 +63,13 @@ class DecodeGraph:
         self.pair = dev.asarray(np.arange(K, dtype=np.int32).reshape(1, K))      # combine: (t=0, k) -> Dm row k
         self.scores = dev.empty((c.n_head, n_ctx), np.float32)                   # attention scratch [H, S]
         self.srcs = [ExpertSource(cache.buf, self.table[l], arena.layers[l]) for l in range(L)]
-        # bytes of each layer's gate and up matrices: a blob is [gate | up | down]
-        self.gu_bytes = [tuple(quants.get(t).row_bytes(c.n_embd) * c.n_ff_exp for t in arena.types[l][:2])
-                         for l in range(L)]
+        self.offsets = [blob_offsets(c, t) for t in arena.types]                 # [gate | up | down] bytes
         self.ops = GraphOps(ops, self)
         self.version = -1                # the cache version the device table mirrors
         self.resident = None             # [L, E] bool: residency as the last step ran
         self.graph = None
         self.logits = None               # the captured step's output [1, V] (device)
         self.done = dev.event()
-
-    def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """One token at position `pos`: (logits [1, V], routed ids [L, 1, K]), both host copies."""
-        self.launch(token, pos)
-        return self.wait()
 
     def launch(self, token: int, pos: int) -> None:
         """Enqueue one token's step (returns at once; `wait` collects it)."""
@@ -99,6 +92,7 @@ class DecodeGraph:
         self.done.record(s)
 
     def wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """The launched step's (logits [1, V], routed ids [L, 1, K]), both host copies."""
         self.done.synchronize()
         return self.logits_host.copy(), self.ids_host.copy()
 
@@ -114,18 +108,18 @@ class DecodeGraph:
         c, dev, k, s = self.cfg, self.dev, self.dev.k, self.dev.compute
         D, F, K = c.n_embd, c.n_ff_exp, c.n_expert_used
         tg, tu, td = self.arena.types[layer]
-        gb, ub = self.gu_bytes[layer]
+        _, up, down = self.offsets[layer]
         src, pid = self.srcs[layer], ids.reshape(-1)                                  # pid [P]
         gu = dev.empty((K, 2 * F), np.float32)                                        # [P, 2F]
         if tg == tu:                          # [gate rows | up rows] is one [2F, D] matrix of one type
             k.moe_gemv(gu, h, K, pid, src, 0, tg, 2 * F, D, s)
         else:
             k.moe_gemv(gu[:, :F], h, K, pid, src, 0, tg, F, D, s)
-            k.moe_gemv(gu[:, F:], h, K, pid, src, gb, tu, F, D, s)
+            k.moe_gemv(gu[:, F:], h, K, pid, src, up, tu, F, D, s)
         hh = dev.empty((K, F), np.float16)                                            # [P, F]
         k.swiglu(hh, gu, F, s)
         dm = dev.empty((K, D), np.float32)                                            # [P, D]
-        k.moe_gemv(dm, hh, 1, pid, src, gb + ub, td, D, F, s)
+        k.moe_gemv(dm, hh, 1, pid, src, down, td, D, F, s)
         out = dev.empty((1, D), np.float32)
         k.combine(out, dm, self.pair, w, s)                                           # Σ_k w·Dm[k], k order
         return out

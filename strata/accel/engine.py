@@ -164,10 +164,7 @@ class GpuEngine:
     def prefill(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Process a prompt in planned chunks; logits of the last token [V] (or of every token [T, V])."""
         tokens = list(tokens)
-        if self.pos + len(tokens) > self.n_ctx:
-            from strata.reference.engine import ContextOverflow
-
-            raise ContextOverflow(f"{self.pos + len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        self._fits(len(tokens))
         t0 = time.perf_counter()
         region = self._lend()
         try:
@@ -181,10 +178,17 @@ class GpuEngine:
         self.stats.prompt_s += time.perf_counter() - t0
         return np.concatenate(out) if all_logits else out[-1][-1]
 
+    def _fits(self, n: int) -> None:
+        if self.pos + n > self.n_ctx:
+            from strata.reference.engine import ContextOverflow
+
+            raise ContextOverflow(f"{self.pos + n} tokens do not fit the context of {self.n_ctx}")
+
     def decode(self, tokens) -> np.ndarray:
         """One decode round of up to MAXT tokens: logits of each [T, V]."""
         tokens = list(tokens)
         assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
+        self._fits(len(tokens))
         t0 = time.perf_counter()
         self.cache.poll()                            # experts whose copies have landed are resident now
         if self.dgraph is not None and len(tokens) == 1:
@@ -209,10 +213,6 @@ class GpuEngine:
     def _graph_step(self, token: int) -> np.ndarray:
         """One token through the decode graph. The tier's round (counts up to the last token) runs while the GPU
         works; the routing comes back once for the stats, the tier and --dump-routing."""
-        if self.pos + 1 > self.n_ctx:
-            from strata.reference.engine import ContextOverflow
-
-            raise ContextOverflow(f"{self.pos + 1} tokens do not fit the context of {self.n_ctx}")
         self.dgraph.launch(int(token), self.pos)
         res = self.dgraph.resident                                            # [L, E] as this step runs
         self._tier_round()

@@ -67,22 +67,26 @@ def _tiles(r0: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.stack([g, start, end], axis=1).astype(np.int32).reshape(-1, 3)
 
 
+def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Byte offsets of the gate, up and down matrices in an expert blob of these types: [gate | up | down]."""
+    from strata import quants
+
+    gb = quants.get(types[0]).row_bytes(cfg.n_embd) * cfg.n_ff_exp
+    ub = quants.get(types[1]).row_bytes(cfg.n_embd) * cfg.n_ff_exp
+    return 0, gb, gb + ub
+
+
 class ExpertRunner:
     """Computes groups of experts into Dm. Owns the fp16 weight scratch; knows each layer's blob layout."""
 
     def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs):
-        from strata import quants
-
         self.dev, self.k, self.cfg, self.bufs = dev, dev.k, cfg, bufs
         self.types = layer_types
-        D, F = cfg.n_embd, cfg.n_ff_exp
-        self.gate_bytes = [quants.get(t[0]).row_bytes(D) * F for t in layer_types]
-        self.up_bytes = [quants.get(t[1]).row_bytes(D) * F for t in layer_types]
+        self.offsets = [blob_offsets(cfg, t) for t in layer_types]
 
     def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
         """Every group's tables of a layer in one upload: groups[g] = (members, buf, idx), the members' blobs
         being rows idx of buf (cache slots or ring slots, known before the copies land)."""
-        gb, ub = self.gate_bytes[layer], self.up_bytes[layer]
         # every group is a run of consecutive experts in row order: tile the layer once, then cut
         every = _tiles(lay.starts, lay.cnt[lay.order].astype(np.int64))        # g = position in row order
         first = lay.rank[[m[0] for m, _, _ in groups]]
@@ -95,7 +99,7 @@ class ExpertRunner:
             t = every[lo[i]:hi[i]].copy()
             t[:, 0] -= first[i]
             tiles.append(t)
-        return self.k.expert_tables([(buf, idx) for _, buf, idx in groups], (0, gb, gb + ub), tiles,
+        return self.k.expert_tables([(buf, idx) for _, buf, idx in groups], self.offsets[layer], tiles,
                                     self.dev.compute)
 
     def group(self, layer: int, members: list[int], tab, lay: RowLayout, on_released=None):
