@@ -106,7 +106,8 @@ def main():
     def loss(x):
         return float(np.mean(np.square(_err(fit, _pred(m, fit, a.machine, calib_of(x)), ["off"] + shares))))
 
-    x0 = [base["cpu_cycles_per_weight"]["iq"], base["cpu_job_us"], base.get("host_issue_factor", 1.87)]
+    # the fit works in logs: a catalogue value of 0 (a job cost fitted to nothing) starts it from 1 us instead
+    x0 = [base["cpu_cycles_per_weight"]["iq"], max(1.0, base["cpu_job_us"]), base.get("host_issue_factor", 1.87)]
     if not curves:
         x0.insert(1, base["cpu_cycles_per_mac"])
     res = minimize(loss, np.log(x0), method="Nelder-Mead", options=dict(xatol=0.01, fatol=1e-5, maxfev=110))
