@@ -22,7 +22,8 @@ import numpy as np
 
 def engine_residency(cfg, cache_slots: int, loan_slots: int) -> tuple:
     """Which (layer, expert) pairs the GPU engine holds during a prompt: the uniform fill's first
-    cache_slots - loan_slots pairs (the tail slots are lent to the prompt buffers, SPEC §9)."""
+    cache_slots - loan_slots pairs (the tail slots are lent to the prompt buffers, SPEC §9; a prompt borrows
+    policy.prompt_loan's slots, not the plan's largest loan)."""
     from strata.accel.cache import uniform_order
 
     res = np.zeros((cfg.n_layer, cfg.n_expert), bool)
@@ -66,17 +67,24 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
     if host_issue_us is not None:
         mach = dataclasses.replace(mach, host_issue_us=host_issue_us)
-    resident = engine_residency(m.cfg, plan.cache_slots, plan.loan_slots)
-    # the bench runs prompts back to back: each starts by waiting for the previous one's loan refill (SPEC §9)
-    restore = 0 if plan.owned_prompt else plan.loan_slots
+    cfgs = {n: setting_config("default" if n == "auto" else n) for n in names}
+
+    def loan(n, L):   # what the engine lends that prompt (policy.prompt_loan through the engine's plan)
+        share = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cfg=cfgs[n]).share
+        return plan.for_prompt(cfgs[n], share, L)[2]
+
     out = {}
     for n in names:
-        cfg = setting_config("default" if n == "auto" else n)
+        cfg = cfgs[n]
         session = None
         for _ in range(2 if n == "auto" else 1):
-            for L in lengths:
+            for i, L in enumerate(lengths):
+                # the bench runs prompts back to back (settings inside lengths): each starts by waiting for the
+                # previous prompt's loan refill (SPEC §9), the previous length's last setting before the first
+                prev = (names[-1], lengths[i - 1]) if n == names[0] else (names[names.index(n) - 1], L)
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=resident, restore=restore)
+                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)),
+                          restore=loan(*prev))
                 if session is None or n != "auto":
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms

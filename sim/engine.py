@@ -93,6 +93,7 @@ class Result:
     host_issue_us: float = 0.0
     layer_shares: list = field(default_factory=list)  # share used per eligible layer (0.0 = not shared)
     readings: list = field(default_factory=list)  # GateReading per gate reading
+    meter_lines: list = field(default_factory=list)  # the meter's samples, as STRATA_DBG_CPU_GATE prints them
     windows: list = field(default_factory=list)  # (layer, shared, nstream, ms) per eligible layer's window
     busy_us: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
@@ -189,6 +190,8 @@ class _Runner:
             gpu_ms = (ev1.value - ev0.value) / 1e3 * self._noise()
             wall_ms = (e.value - s.value) / 1e3 * self._noise()
             r = self.pol.readings(gpu_ms if want.gpu else None, wall_ms if want.wall else None)
+            if getattr(self.pol, "folded", None):
+                self.result.meter_lines.append(self.pol.folded)
             if r is not None:
                 self.result.readings.append(r)
         yield self.env.timeout(self.costs.group_us(t))

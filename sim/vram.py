@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.policy import PLANNERS, ChunkPlan, Config, LoanRequest, PlannerKind, ring_budget_slots
-from strata.policy.plan import Planner
+from strata.policy import PLANNERS, ChunkPlan, Config, LoanRequest, PlannerKind, prompt_loan, ring_budget_slots
 
 from .hardware import Machine
 from .models import SimModel
@@ -53,11 +52,13 @@ class VramPlan:
         return min(self.n_experts, self.cache_slots - self.plan.loan_slots)
 
     def layout(self, chunk: int, ring: int) -> int:
-        """Experts resident while a prompt laid out for ``chunk`` tokens and ``ring`` slots borrows the cache
-        (ours: a prompt shorter than the plan lays out for its own length, rounded up to the 256 grid)."""
-        chunk = min(self.plan.chunk, -(-chunk // 256) * 256)
-        loan = Planner.loan_for(self.request, chunk, min(ring, self.plan.ring))
-        return min(self.n_experts, self.cache_slots - loan)
+        """Experts resident while a prompt of ``chunk`` tokens whose walk uses ``ring`` slots borrows the cache
+        (policy.prompt_loan, as the engine lends)."""
+        return min(self.n_experts, self.cache_slots - self.loan(chunk, ring))
+
+    def loan(self, tokens: int, ring: int) -> int:
+        """Cache slots a prompt of ``tokens`` borrows (policy.prompt_loan); the refill after it is as many."""
+        return prompt_loan(self.request, self.plan, tokens, ring)[1]
 
 
 def plan_vram(

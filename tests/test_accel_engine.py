@@ -141,3 +141,35 @@ def test_adaptive_tier_moves_experts_without_changing_bits(kind):
     small = engines[0]
     assert small.stats.tier_moves > 0 and small.stats.hit_rate < 1.0
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+def test_a_prompt_borrows_only_what_it_lays_out():
+    """policy.prompt_loan through the engine (host twin): a short prompt borrows its own layout and an 8-slot ring,
+    a prompt of a full chunk the plan's whole loan; the logits are the bits of an engine that owns its buffers
+    (the loan path carves the same buffers from lent cache slots)."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import budget_holding
+
+    m = models.load(golden.model_path("strata-tiny"))
+    n_ctx = 1100
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, m.cfg.n_vocab, n).tolist() for n in (20, 1030)]
+    lent, owned = [], []
+    for budget, got in ((budget_holding(m, n_ctx, 400), lent), (None, owned)):
+        dev = HostDevice()
+        try:
+            e = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget)
+            assert e.plan.owned_prompt == (budget is None)
+            for ids in prompts:
+                e.reset()
+                got.append(e.prefill(ids))
+                if budget is not None:
+                    layout, ring, loan = e.plan.for_prompt(e.config, e.share, len(ids))
+                    assert e.stats.loan_slots == loan and e.cache.lent == 0
+                    assert (layout, ring) == ((256, 8) if len(ids) < 256 else (e.plan.chunk, e.plan.ring))
+                    assert (loan < e.plan.loan_slots) == (len(ids) < 256)
+        finally:
+            dev.close()
+    for a, b in zip(lent, owned):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from strata import quants
+from strata.policy import Config, Share, ShareMode
 from strata.accel.buffers import Carver, carve_prompt
 from strata.accel.memplan import GROUP, VramShortfall, plan_memory
 from strata.models import arch_module
@@ -89,6 +90,15 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
         carver = Carver(_Dev(), region)
         carve_prompt(m.cfg, p.chunk, n_ctx, GROUP, p.ring, p.slot_bytes, carver)   # asserts it fits
         assert carver.used <= region.nbytes
+        # each prompt borrows only its own layout and its walk's ring (policy.prompt_loan): that must fit too
+        last = 0
+        for tokens in sorted({1, 250, 1000, p.chunk - 1, p.chunk, p.chunk + 1, n_ctx} - {0}):
+            layout, ring, loan = p.for_prompt(Config(), Share(ShareMode.OFF), tokens)
+            assert layout <= p.chunk and ring <= p.ring and last <= loan <= p.loan_slots
+            last = loan
+            if not p.owned_prompt:
+                carver = Carver(_Dev(), _Region(loan * p.slot_bytes))
+                carve_prompt(m.cfg, layout, n_ctx, GROUP, ring, p.slot_bytes, carver)
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
 
 

@@ -23,3 +23,18 @@ def test_wants_sample():
     assert ShareMeter.wants_sample(nstream=10, n_cpu=4)
     assert not ShareMeter.wants_sample(nstream=4, n_cpu=4)  # the GPU kept nothing
     assert not ShareMeter.wants_sample(nstream=10, n_cpu=0)  # the CPU took nothing
+
+
+def test_the_debug_line_carries_both_sides_and_the_share():
+    """STRATA_DBG_CPU_GATE's meter line (ours): auto's policy folds a layer's sample at the next routing sync."""
+    from strata.policy import GatedShare, LayerEnd
+
+    p = GatedShare()
+    p.begin_layer(3)
+    p.end_layer(LayerEnd(3, 40, 10, 2.5, False))
+    p.readings(1.5, None)
+    # c = 0.25, g = 1.5 / 30 = 0.05: share = 0.05 / 0.30
+    assert p.folded == ("cpu meter: layer 3, 10 on the CPU 2.50 ms (0.2500 a expert), 30 streamed 1.50 ms "
+                        "(0.0500 a expert) -> share 0.167")
+    p.readings(None, None)
+    assert p.folded is None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from strata.policy import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind
+from strata.policy import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 
 MIB = 2**20
 
@@ -48,3 +48,20 @@ def test_shortfall_is_said():
 def test_fixed_halves_without_the_90_percent_rule():
     # loan <= 600 - 128 = 472: 8192 (704), 4096 (576), 2048 (512), 1024 (480) do not fit, 512 (464) does
     assert PLANNERS.create(PlannerKind.FIXED).plan(req(600)) == ChunkPlan(512, 464, 384)
+
+
+@pytest.mark.parametrize(
+    "tokens, ring, got",
+    [
+        (250, 8, (256, 80)),  # 64 + 256/32 + 8: its own layout on the grid, the routed-only walk's 8 slots
+        (1000, 8, (1024, 104)),  # 64 + 32 + 8
+        (3840, 384, (3840, 568)),  # a full chunk borrows the plan's loan
+        (9000, 384, (3840, 568)),  # a longer prompt too (it runs in chunks of 3840)
+        (9000, 999, (3840, 568)),  # never a ring beyond the plan's
+    ],
+)
+def test_a_prompt_borrows_only_what_it_lays_out(tokens, ring, got):
+    r = req(700)
+    plan = PLANNERS.create(PlannerKind.AUTO).plan(r)
+    assert plan == ChunkPlan(3840, 568, 384)
+    assert prompt_loan(r, plan, tokens, ring) == got

@@ -81,8 +81,11 @@ class CpuBlock:
         gpu_ms = ev[2].elapsed_ms(ev[3]) if want.gpu else None
         wall_ms = ev[0].elapsed_ms(ev[1]) if want.wall else None
         reading = self.policy.readings(gpu_ms, wall_ms)
-        if reading is not None and self.config.dbg_cpu_gate:
-            self.log(reading.line())
+        if self.config.dbg_cpu_gate:
+            if getattr(self.policy, "folded", None):
+                self.log(self.policy.folded)
+            if reading is not None:
+                self.log(reading.line())
 
     def choose(self, cnt, resident, arm: bool) -> tuple[tuple[int, ...], int]:
         choice = self.chooser.choose(cnt, resident, [True] * len(cnt), self.policy.share(arm))

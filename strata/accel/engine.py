@@ -37,6 +37,7 @@ class Stats:
     lookups: int = 0           # routed (layer, expert) pairs during decode
     hits: int = 0              # of which resident
     tier_moves: int = 0        # adaptive-tier admissions (SPEC §7)
+    loan_slots: int = 0        # cache slots the last prompt borrowed (policy.prompt_loan)
     chunks: list = field(default_factory=list)
 
     @property
@@ -166,12 +167,14 @@ class GpuEngine:
         tokens = list(tokens)
         self._fits(len(tokens))
         t0 = time.perf_counter()
-        region = self._lend()
+        layout, ring, loan = self.plan.for_prompt(self.config, self.share, len(tokens))
+        region = self._lend(loan)
+        self.stats.loan_slots = loan
         try:
             out = []
             for i in range(0, len(tokens), self.plan.chunk):
                 part = tokens[i:i + self.plan.chunk]
-                out.append(self._prompt_chunk(part, region, all_logits))
+                out.append(self._prompt_chunk(part, region, layout, ring, all_logits))
         finally:
             self._give_back()
         self.stats.prompt_tokens += len(tokens)
@@ -228,13 +231,13 @@ class GpuEngine:
         self.n_chunks += 1
         return logits
 
-    def _lend(self):
+    def _lend(self, loan: int):
         self.cache.poll()
         if self.plan.owned_prompt:
             return self.prompt_region
         self.dev.synchronize()                       # nothing may still read the slots about to be lent
         self.cache.poll()                            # so every refill of the last prompt has landed
-        return self.cache.lend(self.plan.loan_slots)
+        return self.cache.lend(loan)
 
     def _give_back(self):
         if self.plan.owned_prompt:
@@ -243,12 +246,13 @@ class GpuEngine:
         ev.record(self.dev.compute)
         self.cache.restore(self.arena, ev)
 
-    def _prompt_chunk(self, tokens, region, all_logits):
+    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, all_logits):
+        """One chunk through the borrowed region: buffers laid out for `layout` tokens, then `ring_slots`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs, ring_buf = carve_prompt(c, p.chunk, self.n_ctx, GROUP, p.ring, p.slot_bytes, carver)
+        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, GROUP, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf)
-        walk = walk_for(self.config, self.share, len(tokens), p.ring)
+        walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.arena.types, bufs), ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
@@ -335,7 +339,8 @@ class GpuEngine:
             sgroups, unrouted = self._stream_all_groups(layer, lay)
         elif lay.streamed:           # routed-only: this layer's streamed experts in id order, 8 copies ahead
             walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
-            sgroups = self._groups(list(range(len(lay.streamed))), ROUTED_ONLY_RING)
+            # groups of half the ring (SPEC §3's 8 slots: 4), so one group's copies land while the previous computes
+            sgroups = self._groups(list(range(len(lay.streamed))), self._ring.n // 2)
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]

@@ -11,8 +11,8 @@ from strata import policy
 from strata.accel.buffers import attn_scratch_bytes, layout_bytes, temp_bytes
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
-from strata.policy.plan import GRID, PLANNERS, LoanRequest, PlanError, PlannerKind
-from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots
+from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
+from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots, ring_slots
 
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
@@ -36,6 +36,18 @@ class MemoryPlan:
     ring: int                # stream-all ring slots
     prompt_bytes: int        # prompt buffers + ring
     owned_prompt: bool       # prompt buffers allocated beside the cache instead of borrowed from it
+    request: LoanRequest | None = None   # what the loan planner was asked (None when the prompt owns its buffers)
+
+    def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int]:
+        """(layout chunk, ring slots, loan slots) of a prompt of `tokens`: its first chunk's walk sets the ring
+        (8 slots for the routed-only walk, the planned ring for stream-all), and it borrows only what it lays
+        out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers."""
+        first = min(self.chunk, tokens)
+        ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))
+        if self.owned_prompt:
+            return self.chunk, ring, 0
+        t, loan = prompt_loan(self.request, ChunkPlan(self.chunk, self.loan_slots, self.ring), tokens, ring)
+        return t, ring, loan
 
     def lines(self) -> list[str]:
         return [f"plan: budget {self.budget / MIB:,.0f} MiB = dense {self.dense / MIB:,.0f} + KV {self.kv / MIB:,.0f}"
@@ -89,7 +101,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
         raise VramShortfall(f"{e}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
                             f"{budget / MIB:,.0f} MiB") from None
     return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
-                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False)
+                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req)
 
 
 def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:

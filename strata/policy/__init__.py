@@ -14,7 +14,7 @@ from .chooser import CHOOSERS, MAXT, ChooserKind, CpuChoice, FewestFirst, llroun
 from .env import Config, ConfigError, Share, ShareMode, from_process
 from .gate import CpuGate, GateReading
 from .meter import ShareMeter
-from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind
+from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from .registry import Registry
 from .auto import GatedShare, MeteredShare, share_policy  # noqa: I001 (registers the auto strategies)
 from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
@@ -50,6 +50,7 @@ __all__ = [
     "LoanRequest",
     "PlanError",
     "PlannerKind",
+    "prompt_loan",
     "Registry",
     "SHARE_POLICIES",
     "LayerEnd",

@@ -17,6 +17,7 @@ class MeteredShare(SharePolicy):
     def __init__(self, meter: ShareMeter | None = None):
         self.meter = meter or ShareMeter()
         self._sample: MeterSample | None = None
+        self.folded: str | None = None  # the last readings() call's meter line (STRATA_DBG_CPU_GATE), if any
 
     def begin_layer(self, layer: int) -> bool:
         return True
@@ -27,17 +28,18 @@ class MeteredShare(SharePolicy):
     def end_layer(self, end: LayerEnd) -> Wanted:
         assert self._sample is None, "read the previous layer's timings at this layer's routing sync first"
         if ShareMeter.wants_sample(end.nstream, end.n_cpu):
-            self._sample = MeterSample(end.cpu_ms, end.n_cpu, end.nstream - end.n_cpu)
+            self._sample = MeterSample(end.cpu_ms, end.n_cpu, end.nstream - end.n_cpu, end.layer)
         return self.wants()
 
     def wants(self) -> Wanted:
         return Wanted(gpu=self._sample is not None)
 
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
+        self.folded = None
         if self._sample is not None:
             assert gpu_ms is not None, "the meter's window was pending but no time was given"
             s, self._sample = self._sample, None
-            self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
+            self.folded = s.line(gpu_ms, self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu))
         return None
 
 

@@ -21,10 +21,18 @@ class MeterSample:
     cpu_ms: float  # the CPU thread's wall time (steady clock)
     n_cpu: int  # experts the CPU computed
     n_gpu: int  # streamed experts the GPU computed (nstream - n_cpu)
+    layer: int = -1
 
     def __post_init__(self):
         assert self.n_cpu > 0 and self.n_gpu > 0, "a sample needs experts on both sides"
         assert self.cpu_ms >= 0.0, "a wall time is not negative"
+
+    def line(self, gpu_ms: float, share: float) -> str:
+        """The STRATA_DBG_CPU_GATE line of a meter sample (ours, after the fork diagnostic that appended the
+        share and the CPU and GPU ms per expert): the two sides' per-expert costs and the share they set."""
+        return (f"cpu meter: layer {self.layer}, {self.n_cpu} on the CPU {self.cpu_ms:.2f} ms "
+                f"({self.cpu_ms / self.n_cpu:.4f} a expert), {self.n_gpu} streamed {gpu_ms:.2f} ms "
+                f"({gpu_ms / self.n_gpu:.4f} a expert) -> share {share:.3f}")
 
 
 class ShareMeter:

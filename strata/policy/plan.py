@@ -5,7 +5,7 @@ Prompt buffers borrow the expert cache's last slots. A loan of k slots fits iff 
 a full ring fit; if none does, the largest whose buffers plus a ring of >= 16 slots fit, with the ring cut to
 what fits (ours: the original retries with a ring floor of 16). Fixed: halve the requested chunk until it
 fits (no 90% rule). ``lent_bytes``: decode-only VRAM released for the prompt (the elastic loans), used
-before any slot.
+before any slot. ``prompt_loan``: what one prompt borrows of that plan (ours: only what it lays out).
 """
 
 from __future__ import annotations
@@ -105,3 +105,13 @@ class FixedChunkPlanner(Planner):
                 return ChunkPlan(t, k, req.ring)
             t //= 2
         raise self._shortfall(req, 1, req.ring, max_loan)
+
+
+def prompt_loan(req: LoanRequest, plan: ChunkPlan, tokens: int, ring: int) -> tuple[int, int]:
+    """(layout chunk, loan slots) of one prompt of ``tokens`` whose walk uses ``ring`` slots (ours): it lays out
+    for its own length on the grid, at most the plan's chunk, with at most the plan's ring. The plan sizes the
+    largest loan; a short prompt borrows only what it uses, so fewer experts turn non-resident while it runs and
+    fewer are refilled after it (SPEC §9: lent slots are refilled before the first generated token)."""
+    assert tokens >= 1 and ring >= 1, (tokens, ring)
+    t = min(plan.chunk, -(-tokens // GRID) * GRID)
+    return t, Planner.loan_for(req, t, min(ring, plan.ring))
