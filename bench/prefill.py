@@ -144,16 +144,17 @@ def main():
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
           f"{eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} {'tok/s q':>8} "
-          f"{'streamed MB':>12}")
+          f"{'streamed MB':>12} {'loan':>5}")
     table = {}
     for L in lengths:
         q = statistics.median(res[L]["quarter_ms"])
         f = statistics.median(res[L]["floor_ms"])
         rr = statistics.median(res[L]["resident_ms"])
+        loan = eq.plan.for_prompt(eq.config, eq.share, L)[2]       # what this prompt borrows of the cache
         table[L] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr,
-                    "streamed_mb": statistics.median(res[L]["streamed_mb"])}
+                    "streamed_mb": statistics.median(res[L]["streamed_mb"]), "loan_slots": loan}
         print(f"{L:7d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} {L / q * 1e3:8.0f} "
-              f"{table[L]['streamed_mb']:12.0f}")
+              f"{table[L]['streamed_mb']:12.0f} {loan:5d}")
     for name, d in dec.items():
         b = d["bound_tok_s"]
         print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token "

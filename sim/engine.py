@@ -249,8 +249,8 @@ class _Runner:
 
     def _routed_walk(self, l: int, cnt, cpu: set):
         """The GPU's experts in id order, resident and streamed mixed, in MMQ groups of up to 16 experts, at
-        most half the ring (4) of them streamed; a streamed expert's copy is issued when the walk reaches it
-        and reuses the slot of the expert 8 copies back once that one's group was computed."""
+        most 8 of them streamed (half the routed-only walk's 16 slots); a streamed expert's copy is issued when
+        the walk reaches it and reuses the slot of the expert R copies back once that one's group was computed."""
         c, res = self.costs, self.result
         resident = self.resident[l]
         done: list = []  # per streamed expert: its group's completion
@@ -276,10 +276,11 @@ class _Runner:
                 yield self.env.timeout(h)
                 res.host_issue_us += h
                 j = len(done) + len(copies)
-                copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - 8] if j >= 8 else None]))
+                R = self.ring
+                copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
             group.append(int(cnt[e]))
             names.append(e)
-            if len(group) == 16 or len(copies) == ROUTED_ONLY_RING // 2:
+            if len(group) == 16 or len(copies) == min(ROUTED_ONLY_RING, self.ring // 2):
                 flush()
         if group:
             flush()

@@ -35,11 +35,12 @@ def test_ring_budget():
 
 def test_ring_slots_and_walk():
     c = Config()
-    assert ring_slots(c, OFF, 1023, 1_382_400) == 8
+    assert ring_slots(c, OFF, 1023, 1_382_400) == 16  # 8 in flight beside the 8 being computed
     assert ring_slots(c, OFF, 1024, 1_382_400) == 384
-    assert ring_slots(c, AUTO, 2048, 1_382_400) == 8  # explicit auto: chunks below 3072 share
+    assert ring_slots(c, AUTO, 2048, 1_382_400) == 16  # explicit auto: chunks below 3072 share
     assert ring_slots(c, OFF, 4096, 1_382_400, planned=200) == 200
-    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == 8  # 8 = routed-only always
+    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == 16  # <= 8 = routed-only always
+    assert walk_for(Config(ring=8), OFF, 8192, 16) is Walk.ROUTED_ONLY
     assert ring_slots(Config(ring=12), OFF, 8192, 1_382_400) == 16
     assert ring_slots(Config(ring=9999), OFF, 8192, 1_382_400) == 512
     assert walk_for(c, OFF, 1024, 384) is Walk.STREAM_ALL

@@ -339,8 +339,8 @@ class GpuEngine:
             sgroups, unrouted = self._stream_all_groups(layer, lay)
         elif lay.streamed:           # routed-only: this layer's streamed experts in id order, 8 copies ahead
             walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
-            # groups of half the ring (SPEC §3's 8 slots: 4), so one group's copies land while the previous computes
-            sgroups = self._groups(list(range(len(lay.streamed))), self._ring.n // 2)
+            # groups of 8 (4 in decode's 8-slot ring): one group's copies land while the group before computes
+            sgroups = self._groups(list(range(len(lay.streamed))), min(ROUTED_ONLY_RING, self._ring.n // 2))
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]

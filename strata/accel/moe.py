@@ -107,6 +107,7 @@ class ExpertRunner:
         SwiGLU, down GEMM."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F, n = self.cfg.n_embd, self.cfg.n_ff_exp, len(members)
+        assert n <= b.w_d.shape[0], f"a group of {n} experts exceeds the {b.w_d.shape[0]}-expert weight scratch"
         tg, tu, td = self.types[layer]
         t_gate, t_up, t_down, td_dev, n_tiles = tab
         if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type (the kernel fills g < n only)

@@ -12,13 +12,17 @@ from typing import Sequence
 from .env import Config, Share
 
 STREAM_ALL_MIN_OFF = 1024  # stream_all_min() without the share and without an override
-ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's device slots
+ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's transfers in flight ahead of compute
+# ours: the routed-only walk's device slots hold those 8 beside the 8 being computed (groups of 8), so copies
+# never wait for the group before. 8 slots in groups of 4 cost qwen3's 250-token prompt 17% on the H200 (29.6 ->
+# 34.6 ms, twice the launches, host-bound; bench/results/h200/prefill_q8_ring8.log)
+ROUTED_ONLY_SLOTS = 2 * ROUTED_ONLY_RING
 RING_BUDGET_BYTES = 384 * 1_382_400  # #583 byte budget: 384 Q2_0 blobs' worth of ring (SPEC §3)
 RING_MIN, RING_MAX = 16, 512  # clamp of the byte-budget ring (ring_cap() without the fused ring)
 
 
 class Walk(Enum):
-    ROUTED_ONLY = "routed-only"  # after the routing sync, stream the routed non-resident experts (ring of 8)
+    ROUTED_ONLY = "routed-only"  # after the routing sync, stream the routed non-resident experts (8 ahead)
     STREAM_ALL = "stream-all"  # at chunk start, queue every non-resident expert of every layer
 
 
@@ -38,18 +42,24 @@ def ring_budget_slots(max_blob_bytes: int) -> int:
 
 
 def ring_slots(cfg: Config, share: Share, chunk: int, max_blob_bytes: int, planned: int | None = None) -> int:
-    """Device ring slots for a chunk of ``chunk`` tokens: 8 below stream_all_min(), else the override
-    (<= 8 keeps the routed-only walk), else the planned ring (the loan planner's) or the byte-budget ring."""
-    if chunk < stream_all_min(cfg, share):
-        return ROUTED_ONLY_RING
+    """Device ring slots for a chunk of ``chunk`` tokens: the routed-only walk's 16 below stream_all_min() or
+    with an override <= 8, else the override, else the planned ring (the loan planner's) or the byte-budget
+    ring."""
+    if chunk < stream_all_min(cfg, share) or _routed_only_asked(cfg):
+        return ROUTED_ONLY_SLOTS
     if cfg.ring is not None:
-        return ROUTED_ONLY_RING if cfg.ring <= ROUTED_ONLY_RING else min(RING_MAX, max(RING_MIN, cfg.ring))
+        return min(RING_MAX, max(RING_MIN, cfg.ring))
     return planned if planned is not None else ring_budget_slots(max_blob_bytes)
 
 
+def _routed_only_asked(cfg: Config) -> bool:
+    return cfg.ring is not None and cfg.ring <= ROUTED_ONLY_RING      # STRATA_PREFILL_RING <= 8
+
+
 def walk_for(cfg: Config, share: Share, chunk: int, ring: int) -> Walk:
-    """prefill.cpp: stream_all = ring > STAGE && T >= stream_all_min() (ring fixed at layout time)."""
-    if ring > ROUTED_ONLY_RING and chunk >= stream_all_min(cfg, share):
+    """prefill.cpp: stream_all = ring > STAGE && T >= stream_all_min() (ring fixed at layout time); a ring
+    override <= 8 asks for the routed-only walk."""
+    if ring > ROUTED_ONLY_RING and chunk >= stream_all_min(cfg, share) and not _routed_only_asked(cfg):
         return Walk.STREAM_ALL
     return Walk.ROUTED_ONLY
 
