@@ -140,11 +140,16 @@ def main():
         except ImportError as e:   # the prediction column needs simpy (the `sim` extra)
             print(f"simulator: no prediction ({e!r})")
         auto = pols["auto"]
-        print(f"auto: meter share {auto.meter.share:.2f}; gate {'share' if auto.gate.gate else 'do not share'} "
-              f"after {auto.gate.layers} eligible layers; CPU experts per run (auto) "
-              + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}" for L in lengths))
+        classes = {c: (p.meter.share, p.gate.gate, p.gate.layers) for c, p in sorted(auto.by_class.items())
+                   if p.gate.layers}
+        print("auto, per size class (half-octave of tokens): " + "; ".join(
+            f"{int(2 ** (c / 2))}+ tokens: meter share {s:.2f}, gate {'share' if g else 'do not share'} after {n} "
+            f"eligible layers" for c, (s, g, n) in classes.items())
+              + "; CPU experts per run (auto) " + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}"
+                                                            for L in lengths))
         report[label] = {"workers": workers, "link_gbps": cfg.dbg_link_gbps, "table": tab,
-                         "auto_share": auto.meter.share, "gate": auto.gate.gate,
+                         "auto_classes": {str(c): {"share": s, "gate": g, "layers": n}
+                                          for c, (s, g, n) in classes.items()},
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         pool.close()

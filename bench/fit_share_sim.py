@@ -59,7 +59,8 @@ def _load(m, spec: str):
     with np.load(trace) as z:
         routing = TraceRouting(np.asarray(z["ids"], np.int64))
     return dict(table=table, lengths=lengths, names=names, plan=plan, n_ctx=n_ctx, routing=routing,
-                workers=rep["workers"], link=rep.get("link_gbps"), path=path, auto_share=rep.get("auto_share"))
+                workers=rep["workers"], link=rep.get("link_gbps"), path=path,
+                auto_share={int(c): v["share"] for c, v in rep.get("auto_classes", {}).items()})
 
 
 def _pred(m, run, machine, calib, copy_us=0.0):   # (copy_us matters only for a run on an emulated link)
@@ -117,8 +118,9 @@ def main():
           f"{calib['cpu_cycles_per_weight']['iq']:.3f} cycles a weight"
           + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
           + f", {calib['cpu_job_us']:.1f} us a job; host time per streamed expert x{calib['host_issue_factor']:.2f} "
-          f"while the pool runs; the simulated meter's share {pred['auto_share']:.2f} against the engine's "
-          f"{fit['auto_share']:.2f}")
+          f"while the pool runs; the meter's share per size class, simulated against the engine's: "
+          + ", ".join(f"{int(2 ** (c / 2))}+ tokens {s:.2f}/{fit['auto_share'].get(c, float('nan')):.2f}"
+                      for c, s in sorted(pred["auto_share"].items())))
     print("\n".join(comparison_lines(fit["table"], pred, fit["lengths"], fit["names"])))
     for spec in a.check:
         run = _load(m, spec)

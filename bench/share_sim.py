@@ -89,7 +89,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms
         if n == "auto":
-            out["auto_share"] = session.policy.meter.share     # the meter's share after the session
+            out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
     return out
 
 

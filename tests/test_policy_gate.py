@@ -2,7 +2,7 @@
 
 import pytest
 
-from strata.policy import CpuGate, GatedShare, LayerEnd, MeteredShare, ShareMeter
+from strata.policy import CpuGate, GatedShare, LayerEnd, MeteredShare, ShareMeter, size_class
 from strata.policy.gate import GateReading
 
 
@@ -128,3 +128,77 @@ def test_gated_share_uses_meter_after_readings():
     assert pol.meter.share == pytest.approx(0.9)
     ungated = MeteredShare()
     assert all(ungated.begin_layer(l) for l in range(5))
+
+
+def _drive(pol, chunks, wall, cpu_ms=1.0, gpu_ms=2.0):
+    """Run eligible layers 0..7 of each chunk (tokens) through `pol`; wall(tokens, shared) is a window's ms.
+    Returns the (tokens, layer, arm, share) of every layer."""
+    out = []
+    for t in chunks:
+        pol.begin_chunk(t)
+        for l in range(8):
+            arm = pol.begin_layer(l)
+            want = pol.wants()
+            pol.readings(gpu_ms if want.gpu else None, wall(*pending[0]) if want.wall else None)
+            share = pol.share(arm)
+            n_cpu = round(share * 40)
+            pol.end_layer(LayerEnd(l, 40, n_cpu, cpu_ms))
+            pending[:] = [(t, n_cpu > 0)]
+            out.append((t, l, arm, share))
+    return out
+
+
+pending = [(0, False)]
+
+
+def test_auto_learns_each_size_class_apart():
+    """SizedShare (ours): sharing wins at 250 tokens and loses at 1,000; interleaved, each size keeps its own
+    verdict, where one gate for every size (GatedShare, the original's) carries 250's verdict into 1,000."""
+    from strata.policy import SizedShare
+
+    def wall(t, shared):      # ms of a window: sharing saves 20% at 250 tokens and costs 10% at 1,000
+        return 10.0 * ((0.8 if t < 500 else 1.1) if shared else 1.0)
+
+    sized, one = SizedShare(), GatedShare()
+    for pol in (sized, one):
+        pending[:] = [(0, False)]
+        got = _drive(pol, [250, 1000, 250, 250, 1000] * 6, wall)
+        last = [(t, arm) for t, l, arm, _ in got[-80:]]          # the last 10 chunks
+        shared = {t: sum(a for tt, a in last if tt == t) / sum(1 for tt, _ in last if tt == t) for t in (250, 1000)}
+        if pol is sized:
+            assert shared[250] > 0.9 and shared[1000] < 0.1, shared
+            assert set(sized.by_class) == {size_class(250), size_class(1000)}
+        else:
+            assert shared[1000] > 0.5, shared    # one verdict for both sizes: the 1,000-token chunks share
+
+
+def test_one_size_class_is_the_originals_auto():
+    """Chunks of one size class: SizedShare arms, shares and reads exactly as GatedShare."""
+    from strata.policy import SizedShare
+
+    def wall(t, shared):
+        return 9.0 if shared else 10.0
+
+    runs = []
+    for pol in (SizedShare(), GatedShare()):
+        pending[:] = [(0, False)]
+        runs.append(_drive(pol, [600, 700, 512] * 5, wall, cpu_ms=3.0))
+    assert runs[0] == runs[1]
+
+
+def test_a_window_pending_at_a_chunk_end_goes_to_its_own_class():
+    from strata.policy import SizedShare
+
+    pol = SizedShare()
+    pol.begin_chunk(250)
+    for l in range(2):
+        pol.begin_layer(l)
+        pol.readings(None, None)
+        pol.end_layer(LayerEnd(l, 40, 0 if l == 0 else 20, 1.0))
+    assert pol.wants().gpu and pol.wants().wall                  # layer 1 (shared) is pending
+    small = pol.current
+    pol.begin_chunk(1000)
+    pol.begin_layer(0)
+    pol.readings(4.0, 6.0)                                       # read at the 1,000-token chunk's first sync
+    assert small.meter.c_avg == pytest.approx(0.05) and pol.current.meter.c_avg is None
+    assert pol.current is not small and not pol.wants().gpu

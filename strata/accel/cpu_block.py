@@ -25,7 +25,7 @@ class CpuBlock:
         self.dev, self.cfg, self.arena, self.pool = dev, cfg, arena, pool
         self.config = config
         self.policy = share_policy(share)
-        self.auto = self.policy.kind in (ShareKind.AUTO, ShareKind.AUTO_UNGATED)
+        self.auto = self.policy.kind in (ShareKind.AUTO, ShareKind.AUTO_ONE, ShareKind.AUTO_UNGATED)
         self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
         D, K = cfg.n_embd, cfg.n_expert_used
         # pinned staging, sized once for the largest step so no window pays an allocation
@@ -58,7 +58,7 @@ class CpuBlock:
         _, self.ev, self.parity, self.pending_parity = saved.get(
             id(policy), (policy, [[self.dev.event() for _ in range(4)] for _ in range(2)], 0, None))
         self.policy = policy
-        self.auto = policy.kind in (ShareKind.AUTO, ShareKind.AUTO_UNGATED)
+        self.auto = policy.kind in (ShareKind.AUTO, ShareKind.AUTO_ONE, ShareKind.AUTO_UNGATED)
 
     # --- prefill: the share ------------------------------------------------------------------------------------
     def begin_layer(self, layer: int, h, stream) -> bool:

@@ -253,6 +253,8 @@ class GpuEngine:
         bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, GROUP, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
+        if self.cpu_block is not None and walk is WalkKind.ROUTED_ONLY:
+            self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
         self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.arena.types, bufs), ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])

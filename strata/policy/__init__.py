@@ -16,7 +16,7 @@ from .gate import CpuGate, GateReading
 from .meter import ShareMeter
 from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from .registry import Registry
-from .auto import GatedShare, MeteredShare, share_policy  # noqa: I001 (registers the auto strategies)
+from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class  # noqa: I001 (registers them)
 from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
 from .stream import (
     ROUTED_ONLY_RING,
@@ -71,6 +71,8 @@ __all__ = [
     "Move",
     "TierKind",
     "GatedShare",
+    "SizedShare",
+    "size_class",
     "MeteredShare",
     "FixedShare",
     "NoShare",

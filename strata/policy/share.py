@@ -1,6 +1,6 @@
 """Share strategies: the one object the engine asks, per eligible layer, how much the CPU takes (SPEC §4-§6).
 
-Engine loop for an eligible layer l (routed-only walk, pool held):
+Engine loop: pol.begin_chunk(T) at a routed-only chunk's start; for an eligible layer l (pool held):
   arm = pol.begin_layer(l)          # before the routing sync; arm -> copy the layer's input D2H
   ... routing sync: pol.readings(gpu_ms, wall_ms) if pol.wants() (the previous layer's windows) ...
   choice = chooser.choose(cnt, resident, in_ram, pol.share(arm))
@@ -35,7 +35,8 @@ class Wanted:
 class ShareKind(Enum):
     OFF = "off"
     FIXED = "fixed"
-    AUTO = "auto"  # meter + gate (#1379)
+    AUTO = "auto"  # meter + gate (#1379), one pair per prompt-size class (ours)
+    AUTO_ONE = "auto-one"  # meter + gate, one pair for every size (#1379 as the original keeps it)
     AUTO_UNGATED = "auto-ungated"  # meter alone, every eligible layer shares (#1282, "auto before")
 
 
@@ -44,6 +45,9 @@ SHARE_POLICIES: Registry["SharePolicy"] = Registry("share policy", ShareKind)
 
 class SharePolicy:
     kind: ShareKind
+
+    def begin_chunk(self, tokens: int) -> None:  # a routed-only chunk of this many tokens starts
+        pass
 
     def begin_layer(self, layer: int) -> bool:  # arm: True = this layer may share
         return False
