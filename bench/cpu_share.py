@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--losing-workers", type=int, default=1, help="the second, losing configuration's pool "
                     "workers (0: skip it)")
     ap.add_argument("--json")
+    ap.add_argument("--spin-us", type=float, help="the pool's spin before it dozes (ExpertPool's default: 2000)")
     ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,13 @@ def main():
     from strata.policy import Share, ShareMode
 
     log = lambda s: print(s, file=sys.stderr)
+
+    def settle(eng):
+        """A timed prompt starts with the previous prompt's loan refilled: its own time alone (loans follow the
+        prompt's length, so waiting for the refill would charge each setting its predecessor's loan)."""
+        eng.dev.synchronize()
+        eng.cache.poll()
+
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
     c = m.cfg
@@ -62,7 +70,7 @@ def main():
     if a.losing_workers > 0:   # the pool cut down: where sharing should lose and the gate cap the loss
         configs.append(("small pool", a.losing_workers))
     for label, workers in configs:
-        pool = ExpertPool(workers=workers)
+        pool = ExpertPool(workers=workers, spin_us=a.spin_us)
         eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
         pols = {name: eng.use_share(sh) for name, sh in settings}
         for name, sh in settings:                                   # warm-up: kernels, Numba, pools
@@ -79,6 +87,7 @@ def main():
             for name in ("off", "auto"):
                 eng.use_share(dict(settings)[name], pols[name])
                 eng.reset()
+                settle(eng)
                 t0 = time.perf_counter()
                 eng.prefill(ids)
                 first[name].append((time.perf_counter() - t0) * 1e3)
@@ -98,6 +107,7 @@ def main():
                         trace = [[] for _ in range(c.n_layer)]
                         eng.on_routing = lambda l, ids: trace[l].append(np.asarray(ids, np.int16))
                     n0, b0 = eng.cpu_block.stats["cpu_experts"], eng.stats.streamed_bytes
+                    settle(eng)
                     t0 = time.perf_counter()
                     eng.prefill(ids)
                     res[L][name].append((time.perf_counter() - t0) * 1e3)

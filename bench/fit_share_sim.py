@@ -5,8 +5,9 @@ python bench/fit_share_sim.py --model f8.gguf --fit RUN.json:TRACE.npz [--check 
 Stage 1 fits the CPU pool's cost model (sim/costs.py: cycles a weight to unpack an i-quant, cycles a weight a
 token or, with --pool, the measured cost by token count; µs a job) and the host's slowdown while the pool runs
 (host_issue_factor) to the off and fixed-share columns of the --fit run: the engine's own pool at the share's
-token counts (1..8), with the DMA beside it; the host's time per streamed expert is the catalogue's, measured. Every prompt of a
-bench waits for the previous prompt's loan refill (share_sim.predict: the simulator carries it). Stage 2 fits, for
+token counts (1..8), with the DMA beside it; the host's time per streamed expert is the catalogue's, measured. The
+bench times each prompt with the previous prompt's loan refilled, and each prompt borrows its own loan
+(share_sim.predict: the same residency). Stage 2 fits, for
 each --check run held to an emulated link (STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off
 column alone. Every other column (the fit run's auto; the checks' shares and auto) is a prediction. Prints the
 constants and the tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command

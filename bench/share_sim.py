@@ -40,8 +40,7 @@ def sim_model_of(m):
 
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
-# column of bench/results/h200/share_f_link12.json (12 GB/s) alone. (39.5 us before the loan refill was modelled:
-# that value absorbed the refill's 637 copies at every prompt's start.)
+# column of bench/results/h200/share_f_link12.json (12 GB/s) alone.
 EMULATED_COPY_US = 7.8
 
 
@@ -78,13 +77,10 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         cfg = cfgs[n]
         session = None
         for _ in range(2 if n == "auto" else 1):
-            for i, L in enumerate(lengths):
-                # the bench runs prompts back to back (settings inside lengths): each starts by waiting for the
-                # previous prompt's loan refill (SPEC §9), the previous length's last setting before the first
-                prev = (names[-1], lengths[i - 1]) if n == names[0] else (names[names.index(n) - 1], L)
+            for L in lengths:
+                # the bench times each prompt with the previous prompt's loan refilled (bench/cpu_share.py)
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)),
-                          restore=loan(*prev))
+                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)))
                 if session is None or n != "auto":
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms
