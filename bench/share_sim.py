@@ -41,7 +41,7 @@ def sim_model_of(m):
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
 # column of bench/results/h200/share_f_link12.json (12 GB/s) alone.
-EMULATED_COPY_US = 7.8
+EMULATED_COPY_US = 6.5
 
 
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
@@ -80,7 +80,8 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
             for L in lengths:
                 # the bench times each prompt with the previous prompt's loan refilled (bench/cpu_share.py)
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)))
+                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)),
+                          plan=(plan.chunk, plan.ring))           # the engine's chunks and ring
                 if session is None or n != "auto":
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms

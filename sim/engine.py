@@ -9,6 +9,7 @@ layer late. Times are µs; results in ms where the name says so.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +65,8 @@ class Run:
     #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
     layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
     #                            window times per expert differ up to 8x between layers, repeatably)
+    plan: tuple[int, int] | None = None  # (chunk, ring) of an engine's own plan (bench/share_sim.py); None: the
+    #                                       simulated VRAM plan's
     restore: int = 0  # blobs of the previous prompt's loan still being refilled when this one starts: prompts
     #                   back to back (a benchmark's) wait for them, as the engine's lend waits for both streams
 
@@ -142,6 +145,9 @@ class _Runner:
         self.pol = session.policy
         self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
         m, plan = run.model, vp.plan
+        if run.plan is not None:
+            plan = dataclasses.replace(plan, chunk=run.plan[0], ring=run.plan[1])
+        self.plan = plan
         layout = min(plan.chunk, run.prompt)
         self.ring = ring_slots(run.cfg, run.share, layout, m.max_blob, planned=plan.ring)
         if run.residency is not None:
@@ -168,7 +174,7 @@ class _Runner:
             session.cpu_rows_bytes = min(cap * m.k, m.n_expert * MAXT) * m.shape.n_embd * 4
 
     def host(self):
-        run, plan, ring = self.run, self.result.vram.plan, self.ring
+        run, plan, ring = self.run, self.plan, self.ring
         if run.restore:   # the lent slots go back and refill after a prompt (SPEC §9); the next prompt's loan waits
             yield self.link.h2d("loan refill", run.model.max_blob, count=run.restore)
         start = 0
