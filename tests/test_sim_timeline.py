@@ -122,3 +122,15 @@ def test_stream_all():
         ("gpu:head", 750),
     ]
     assert r.n_streamed == 13  # 6 + 7 non-resident, routed or not
+
+
+def test_an_engines_own_plan_sets_the_chunks():
+    """Run.plan (bench/share_sim.py): the engine's chunk and ring, not the simulated VRAM plan's; a 4-token
+    prompt in chunks of 3 runs as 3 + 1, both routed-only, through the routed-only walk's 16 slots."""
+    model = SimModel("tiny", SHAPE)
+    common = dict(cache_slots=200_000, routing=TraceRouting(IDS), costs=FixedCosts(model), resident=3)
+    own = prefill(Run(machine("rtx4090-7950x"), model, 4, Config(cpu_share=0.0), plan=(3, 40), **common))
+    sim = prefill(Run(machine("rtx4090-7950x"), model, 4, Config(cpu_share=0.0), **common))
+    assert [(s, t) for s, t, _ in own.chunks] == [(0, 3), (3, 1)]
+    assert [(s, t) for s, t, _ in sim.chunks] == [(0, 4)]
+    assert own.prompt_ms > sim.prompt_ms          # the second chunk repeats every layer
