@@ -134,3 +134,21 @@ def test_an_engines_own_plan_sets_the_chunks():
     assert [(s, t) for s, t, _ in own.chunks] == [(0, 3), (3, 1)]
     assert [(s, t) for s, t, _ in sim.chunks] == [(0, 4)]
     assert own.prompt_ms > sim.prompt_ms          # the second chunk repeats every layer
+
+
+def test_the_shares_staging_is_pinned_at_load_as_the_engine_does():
+    """accel/cpu_block.py pins the share's input and row staging once, for the largest step: no prompt's first
+    shared layer pays an allocation (the original grows them lazily; the simulator did, and its meter read a
+    19 ms pin as GPU time)."""
+    from sim.engine import Session
+    from strata.policy import Share, ShareMode, share_policy
+
+    class PinCosts(FixedCosts):
+        def pin_us(self, nbytes): return 1000.0  # noqa: E704
+
+    model = SimModel("tiny", SHAPE)
+    session = Session(share_policy(Share(ShareMode.FIXED, 0.5)))
+    r = [prefill(Run(machine("rtx4090-7950x"), model, 4, Config(cpu_share=0.5), cache_slots=200_000,
+                     routing=TraceRouting(IDS), costs=PinCosts(model), resident=3), session) for _ in range(2)]
+    assert session.cpu_x_bytes > 0 and session.cpu_rows_bytes > 0
+    assert r[0].prompt_ms == pytest.approx(r[1].prompt_ms)
