@@ -43,7 +43,7 @@ def main():
     from strata.accel.device.cuda import CudaDevice
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
-    from strata.policy import Share, ShareMode
+    from strata.policy import Share, ShareMode, size_class_floor
 
     log = lambda s: print(s, file=sys.stderr)
 
@@ -153,7 +153,7 @@ def main():
         classes = {c: (p.meter.share, p.gate.gate, p.gate.layers) for c, p in sorted(auto.by_class.items())
                    if p.gate.layers}
         print("auto, per size class (half-octave of tokens): " + "; ".join(
-            f"{int(2 ** (c / 2))}+ tokens: meter share {s:.2f}, gate {'share' if g else 'do not share'} after {n} "
+            f"{size_class_floor(c)}+ tokens: meter share {s:.2f}, gate {'share' if g else 'do not share'} after {n} "
             f"eligible layers" for c, (s, g, n) in classes.items())
               + "; CPU experts per run (auto) " + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}"
                                                             for L in lengths))

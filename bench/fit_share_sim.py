@@ -5,11 +5,10 @@ python bench/fit_share_sim.py --model f8.gguf --fit RUN.json:TRACE.npz [--check 
 Stage 1 fits the CPU pool's cost model (sim/costs.py: cycles a weight to unpack an i-quant, cycles a weight a
 token or, with --pool, the measured cost by token count), the GPU's fixed cost per expert (gpu_expert_us) and the
 host's slowdown while the pool runs (host_issue_factor) to the off and fixed-share columns of the --fit run: the
-engine's own pool at the share's
-token counts (1..8), with the DMA beside it; the host's time per streamed expert is the catalogue's, measured. The
-bench times each prompt with the previous prompt's loan refilled, and each prompt borrows its own loan
-(share_sim.predict: the same residency). Stage 2 fits, for
-each --check run held to an emulated link (STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off
+engine's own pool at the share's token counts (1..8), with the DMA beside it; the host's time per streamed expert
+is the catalogue's, measured. The bench times each prompt with the previous prompt's loan refilled, and each
+prompt borrows its own loan (share_sim.predict: the same residency). Stage 2 fits, for each --check run held to
+an emulated link (STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off
 column alone. Every other column (the fit run's auto; the checks' shares and auto) is a prediction. Prints the
 constants and the tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command
 as source.
@@ -85,6 +84,7 @@ def main():
                     "token count (else the linear unpack + mac x tokens model, its mac fitted too)")
     a = ap.parse_args()
     from sim.calibration import CALIB
+    from strata.policy import size_class_floor
     from sim.hardware import machine
     from strata import models
 
@@ -128,7 +128,7 @@ def main():
           + f"; the GPU's {calib['gpu_expert_us']:.2f} us an expert beyond its roofline; host time per streamed "
           f"expert x{calib['host_issue_factor']:.2f} "
           f"while the pool runs; the meter's share per size class, simulated against the engine's: "
-          + ", ".join(f"{int(2 ** (c / 2))}+ tokens {s:.2f}/{fit['auto_share'].get(c, float('nan')):.2f}"
+          + ", ".join(f"{size_class_floor(c)}+ tokens {s:.2f}/{fit['auto_share'].get(c, float('nan')):.2f}"
                       for c, s in sorted(pred["auto_share"].items())))
     print("\n".join(comparison_lines(fit["table"], pred, fit["lengths"], fit["names"])))
     for spec in a.check:

@@ -203,7 +203,7 @@ class _Runner:
             gpu_ms = (ev1.value - ev0.value) / 1e3 * self._noise()
             wall_ms = (e.value - s.value) / 1e3 * self._noise()
             r = self.pol.readings(gpu_ms if want.gpu else None, wall_ms if want.wall else None)
-            if getattr(self.pol, "folded", None):
+            if self.pol.folded:
                 self.result.meter_lines.append(self.pol.folded)
             if r is not None:
                 self.result.readings.append(r)

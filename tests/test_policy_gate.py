@@ -133,22 +133,19 @@ def test_gated_share_uses_meter_after_readings():
 def _drive(pol, chunks, wall, cpu_ms=1.0, gpu_ms=2.0):
     """Run eligible layers 0..7 of each chunk (tokens) through `pol`; wall(tokens, shared) is a window's ms.
     Returns the (tokens, layer, arm, share) of every layer."""
-    out = []
+    out, last = [], None      # last: (tokens, shared) of the window read at the next routing sync
     for t in chunks:
         pol.begin_chunk(t)
         for l in range(8):
             arm = pol.begin_layer(l)
             want = pol.wants()
-            pol.readings(gpu_ms if want.gpu else None, wall(*pending[0]) if want.wall else None)
+            pol.readings(gpu_ms if want.gpu else None, wall(*last) if want.wall else None)
             share = pol.share(arm)
             n_cpu = round(share * 40)
             pol.end_layer(LayerEnd(l, 40, n_cpu, cpu_ms))
-            pending[:] = [(t, n_cpu > 0)]
+            last = (t, n_cpu > 0)
             out.append((t, l, arm, share))
     return out
-
-
-pending = [(0, False)]
 
 
 def test_auto_learns_each_size_class_apart():
@@ -161,7 +158,6 @@ def test_auto_learns_each_size_class_apart():
 
     sized, one = SizedShare(), GatedShare()
     for pol in (sized, one):
-        pending[:] = [(0, False)]
         got = _drive(pol, [250, 1000, 250, 250, 1000] * 6, wall)
         last = [(t, arm) for t, l, arm, _ in got[-80:]]          # the last 10 chunks
         shared = {t: sum(a for tt, a in last if tt == t) / sum(1 for tt, _ in last if tt == t) for t in (250, 1000)}
@@ -181,7 +177,6 @@ def test_one_size_class_is_the_originals_auto():
 
     runs = []
     for pol in (SizedShare(), GatedShare()):
-        pending[:] = [(0, False)]
         runs.append(_drive(pol, [600, 700, 512] * 5, wall, cpu_ms=3.0))
     assert runs[0] == runs[1]
 
@@ -202,3 +197,12 @@ def test_a_window_pending_at_a_chunk_end_goes_to_its_own_class():
     pol.readings(4.0, 6.0)                                       # read at the 1,000-token chunk's first sync
     assert small.meter.c_avg == pytest.approx(0.05) and pol.current.meter.c_avg is None
     assert pol.current is not small and not pol.wants().gpu
+
+
+def test_size_class_floor_inverts_size_class():
+    from strata.policy import size_class_floor
+
+    assert [size_class(t) for t in (191, 192, 255, 256, 767, 768)] == [14, 15, 15, 16, 18, 19]
+    for t in range(2, 5000):       # (class 1 is empty: 1 token is class 0)
+        c = size_class(t)
+        assert size_class_floor(c) <= t < size_class_floor(c + 1)

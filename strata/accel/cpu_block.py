@@ -82,7 +82,7 @@ class CpuBlock:
         wall_ms = ev[0].elapsed_ms(ev[1]) if want.wall else None
         reading = self.policy.readings(gpu_ms, wall_ms)
         if self.config.dbg_cpu_gate:
-            if getattr(self.policy, "folded", None):
+            if self.policy.folded:
                 self.log(self.policy.folded)
             if reading is not None:
                 self.log(reading.line())

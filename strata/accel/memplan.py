@@ -40,7 +40,7 @@ class MemoryPlan:
 
     def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int]:
         """(layout chunk, ring slots, loan slots) of a prompt of `tokens`: its first chunk's walk sets the ring
-        (8 slots for the routed-only walk, the planned ring for stream-all), and it borrows only what it lays
+        (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
         out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers."""
         first = min(self.chunk, tokens)
         ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))

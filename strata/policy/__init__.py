@@ -16,7 +16,7 @@ from .gate import CpuGate, GateReading
 from .meter import ShareMeter
 from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from .registry import Registry
-from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class  # noqa: I001 (registers them)
+from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class, size_class_floor  # noqa: I001 (registers them)
 from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
 from .stream import (
     ROUTED_ONLY_RING,
@@ -73,6 +73,7 @@ __all__ = [
     "GatedShare",
     "SizedShare",
     "size_class",
+    "size_class_floor",
     "MeteredShare",
     "FixedShare",
     "NoShare",

@@ -18,7 +18,6 @@ class MeteredShare(SharePolicy):
     def __init__(self, meter: ShareMeter | None = None):
         self.meter = meter or ShareMeter()
         self._sample: MeterSample | None = None
-        self.folded: str | None = None  # the last readings() call's meter line (STRATA_DBG_CPU_GATE), if any
 
     def begin_layer(self, layer: int) -> bool:
         return True
@@ -81,14 +80,21 @@ def size_class(tokens: int) -> int:
     return 2 * b + (2 * tokens >= 3 << b)
 
 
+def size_class_floor(c: int) -> int:
+    """The fewest tokens of size class ``c`` (15 -> 192, 18 -> 512, 19 -> 768)."""
+    return (1 << c // 2) * (3 if c % 2 else 2) // 2
+
+
 @SHARE_POLICIES.register(ShareKind.AUTO)
 class SizedShare(SharePolicy):
     """``auto`` with one meter and one gate per size class of the chunk (ours). Whether sharing pays, and how
     much, moves with the tokens per expert: on the H200 a 0.3 share cut a 250-token prompt by 26% and cost a
-    1,000-token one 7% (bench/results/h200/share_f_real.log). One pair for every size, as the original keeps
-    it, carries a short prompt's verdict and share into the next long one; interleaved 250..1,000-token prompts
-    then cost +8% at 1,000 tokens and +3% at 512 against off, where a fixed 0.3 gained 15%. A window pending at
-    a chunk's end is read into the class that opened it, at the next routing sync, as SPEC §5-§6 read it."""
+    1,000-token one 7%, and one pair for every size, as the original keeps it, carried the short prompts'
+    verdict and share into the long ones: interleaved, auto cost +8% at 1,000 tokens and +3% at 512, where the
+    fixed 0.3 gained 15% (bench/results/h200/share_f_real_onegate.log). Per class, each size keeps its own verdict
+    (tests/test_policy_gate.py); on the H200 the 1,000-token loss stayed (+12%, share_f_real.log): there the
+    loss lies outside the gate's window, where no verdict sees it. A window pending at a chunk's end is read into
+    the class that opened it, at the next routing sync, as SPEC §5-§6 read it."""
 
     kind = ShareKind.AUTO
 
@@ -96,7 +102,6 @@ class SizedShare(SharePolicy):
         self.by_class: dict[int, GatedShare] = {}
         self.current = GatedShare()             # until the first begin_chunk (a caller that never sizes: one class)
         self._owner: GatedShare | None = None   # the class whose windows are pending
-        self.folded: str | None = None
 
     def _class(self, c: int) -> GatedShare:
         got = self.by_class.get(c)

@@ -45,6 +45,7 @@ SHARE_POLICIES: Registry["SharePolicy"] = Registry("share policy", ShareKind)
 
 class SharePolicy:
     kind: ShareKind
+    folded: str | None = None  # the last readings() call's meter line (STRATA_DBG_CPU_GATE), if any
 
     def begin_chunk(self, tokens: int) -> None:  # a routed-only chunk of this many tokens starts
         pass
