@@ -2,13 +2,15 @@
 all-resident engine (accel GPU issue, item 6).
 
 python bench/prefill.py --model X.gguf [--cache-frac 0.25] [--prompts 250,600,900,2048,8192] [--rounds 3]
-                        [--decode 32] [--json out.json]
+                        [--decode 32] [--json out.json] [--few-rows 16[,0,...]]
 
 Per round, for each prompt length, the quarter-cache engine and the all-resident engine run one after the other
-(interleaved); medians over rounds. The PCIe floor of a run = bytes it streamed ÷ pinned H2D bandwidth measured
-in this run at the model's blob size. The decode bound = missed expert bytes per token ÷ host memory bandwidth
-measured in this run. Decode runs both ways on each engine, interleaved: the captured decode graph (misses read
-by the GPU over PCIe) and the per-layer path (a routing sync per layer, misses shared with the CPU pool).
+(interleaved); medians over rounds. Several --few-rows values (moe.FEW_ROWS: experts of at most that many rows
+run from their blobs, 0 = every expert through the fp16 scratch) run interleaved in each round, one table row
+each. The PCIe floor of a run = bytes it streamed ÷ pinned H2D bandwidth measured in this run at the model's
+blob size. The decode bound = missed expert bytes per token ÷ host memory bandwidth measured in this run.
+Decode runs both ways on each engine, interleaved: the captured decode graph (misses read by the GPU over PCIe)
+and the per-layer path (a routing sync per layer, misses shared with the CPU pool).
 """
 
 from __future__ import annotations
@@ -51,13 +53,16 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
     ap.add_argument("--pool-workers", type=int, help="CPU pool workers for decode misses (default: cores - 1)")
+    ap.add_argument("--few-rows", default=None, help="expert row thresholds to compare (default: moe.FEW_ROWS)")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
     from strata.accel.device.cuda import CudaDevice
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
+    from strata.accel.moe import FEW_ROWS
 
+    fews = [int(x) for x in a.few_rows.split(",")] if a.few_rows else [FEW_ROWS]
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
     c = m.cfg
@@ -78,37 +83,45 @@ def main():
     pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1))
     # the prompt path without the CPU share (bench/cpu_share.py measures that); decode misses go to the pool
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool)
-    er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena)
+    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool,
+                   few_rows=fews[0])
+    er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena, few_rows=fews[0])
     slot = eq.plan.slot_bytes
     bw = h2d_gbps(dev, slot)
     hbw = host_gbps(available_cores())
     log(f"bench: pinned H2D at {slot / 2**20:.2f} MiB copies {bw:.1f} GB/s; host read {hbw:.1f} GB/s")
     rng = np.random.default_rng(0)
-    res = {L: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
-           for L in lengths}
+    cells = [(L, f) for L in lengths for f in fews]
+    res = {cell: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
+           for cell in cells}
     for eng in (eq, er):                      # warm-up at every length: kernels compiled, memory pools grown
-        for L in lengths:
+        for L, f in cells:
             eng.reset()
+            eng.few_rows = f                  # read as each prompt chunk starts
             eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
     for r in range(a.rounds):
-        for L in lengths:
-            ids = rng.integers(0, c.n_vocab, L).tolist()
+        for cell in cells:
+            L, f = cell
+            if f == fews[0]:
+                ids = rng.integers(0, c.n_vocab, L).tolist()      # every threshold runs the same prompt
             for name, eng in (("quarter", eq), ("resident", er)):
                 eng.reset()
+                eng.few_rows = f
                 b0, w0 = eng.stats.streamed_bytes, eng.stats.sync_wait_s
                 t0 = time.perf_counter()
                 eng.prefill(ids)
                 dt = time.perf_counter() - t0
-                res[L][f"{name}_ms"].append(dt * 1e3)
+                res[cell][f"{name}_ms"].append(dt * 1e3)
                 if name == "quarter":
                     nb = eng.stats.streamed_bytes - b0
-                    res[L]["streamed_mb"].append(nb / 1e6)
-                    res[L]["floor_ms"].append(nb / (bw * 1e9) * 1e3)
-                    res[L]["sync_ms"].append((eng.stats.sync_wait_s - w0) * 1e3)
-            log(f"round {r} {L} tokens: quarter {res[L]['quarter_ms'][-1]:.0f} ms (host blocked in routing syncs "
-                f"{res[L]['sync_ms'][-1]:.0f} ms), resident {res[L]['resident_ms'][-1]:.0f} ms, "
-                f"floor {res[L]['floor_ms'][-1]:.0f} ms")
+                    res[cell]["streamed_mb"].append(nb / 1e6)
+                    res[cell]["floor_ms"].append(nb / (bw * 1e9) * 1e3)
+                    res[cell]["sync_ms"].append((eng.stats.sync_wait_s - w0) * 1e3)
+            x = res[cell]
+            log(f"round {r} {L} tokens, few rows {f}: quarter {x['quarter_ms'][-1]:.0f} ms (host blocked in routing "
+                f"syncs {x['sync_ms'][-1]:.0f} ms), resident {x['resident_ms'][-1]:.0f} ms, "
+                f"floor {x['floor_ms'][-1]:.0f} ms")
+    eq.few_rows = er.few_rows = fews[0]
     dec = {}
     for name, eng in (("quarter", eq), ("resident", er)):
         # decode both ways on one engine, interleaved per round: the captured graph (misses read over PCIe) and
@@ -143,18 +156,20 @@ def main():
     print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {slot / 2**20:.2f} MiB; "
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
           f"{eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; medians of {a.rounds} rounds")
-    print(f"{'tokens':>7} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} {'tok/s q':>8} "
-          f"{'streamed MB':>12} {'loan':>5}")
+    print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
+          f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5}")
     table = {}
-    for L in lengths:
-        q = statistics.median(res[L]["quarter_ms"])
-        f = statistics.median(res[L]["floor_ms"])
-        rr = statistics.median(res[L]["resident_ms"])
+    for cell in cells:
+        L, fr = cell
+        q = statistics.median(res[cell]["quarter_ms"])
+        f = statistics.median(res[cell]["floor_ms"])
+        rr = statistics.median(res[cell]["resident_ms"])
         loan = eq.plan.for_prompt(eq.config, eq.share, L)[2]       # what this prompt borrows of the cache
-        table[L] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr,
-                    "streamed_mb": statistics.median(res[L]["streamed_mb"]), "loan_slots": loan}
-        print(f"{L:7d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} {L / q * 1e3:8.0f} "
-              f"{table[L]['streamed_mb']:12.0f} {loan:5d}")
+        key = L if len(fews) == 1 else f"{L}/{fr}"
+        table[key] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr, "few_rows": fr,
+                      "streamed_mb": statistics.median(res[cell]["streamed_mb"]), "loan_slots": loan}
+        print(f"{L:7d} {fr:4d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} "
+              f"{L / q * 1e3:8.0f} {table[key]['streamed_mb']:12.0f} {loan:5d}")
     for name, d in dec.items():
         b = d["bound_tok_s"]
         print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token "
@@ -163,7 +178,7 @@ def main():
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"model": a.model, "h2d_gbps": bw, "host_gbps": hbw, "prefill": table, "decode": dec,
-                       "raw": res}, fh, indent=1)
+                       "raw": {f"{L}/{f}": v for (L, f), v in res.items()}}, fh, indent=1)
 
 
 if __name__ == "__main__":

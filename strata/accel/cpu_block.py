@@ -169,7 +169,7 @@ class CpuBlock:
             self.taken.append((layer, tuple(lay.cpu)))
         self.last_cpu[layer] = tuple(lay.cpu)
         if lay.cpu:
-            base = lay.off[lay.cpu[0]]
+            base = int(lay.off[lay.cpu[0]])
             n = sum(int(lay.cnt[e]) for e in lay.cpu)
             self.dev.h2d(dm[base:base + n], self.rows_host[:n], stream)
             self.stats["cpu_experts"] += len(lay.cpu)

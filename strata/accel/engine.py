@@ -18,7 +18,7 @@ from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
 from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
-from strata.accel.moe import GROUP_RESIDENT, ExpertRunner, row_layout
+from strata.accel.moe import FEW_ROWS, ExpertRunner, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
@@ -49,11 +49,12 @@ class GpuEngine:
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
-                 log=None, arena: Arena | None = None, pool=None):
+                 log=None, arena: Arena | None = None, pool=None, few_rows: int = FEW_ROWS):
         self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
         self.config = config or policy.Config()
         self.log = log or (lambda s: None)
         self.n_ctx = n_ctx
+        self.few_rows = few_rows          # experts of at most this many rows run from their blobs (moe.py)
         if self.config.dbg_link_gbps:
             dev.emulate_link(self.config.dbg_link_gbps)
             ticks = dev.link_ticks_per_ns
@@ -77,7 +78,7 @@ class GpuEngine:
                  f"({'profile' if profile_order else 'uniform'} order), {p.cache_slots} slots")
         # decode-only resources: their own step buffers and an 8-slot ring
         self.dbufs = carve(c, MAXT, GROUP, attn_scratch_bytes(c, MAXT, n_ctx), Carver(dev))
-        self.drunner = ExpertRunner(dev, c, self.arena.types, self.dbufs)
+        self.drunner = ExpertRunner(dev, c, self.arena.types, self.dbufs, few_rows)
         self.dring = Ring(dev, dev.empty((ROUTED_ONLY_RING, p.slot_bytes), np.uint8))
         self.prompt_region = None
         if p.owned_prompt:
@@ -255,7 +256,8 @@ class GpuEngine:
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         if self.cpu_block is not None and walk is WalkKind.ROUTED_ONLY:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
-        self._runner, self._ring, self._walk = ExpertRunner(self.dev, c, self.arena.types, bufs), ring, None
+        self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
+        self._ring, self._walk = ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
             self._walk = Walk(ring, self.arena, queue, threaded=True)
@@ -334,7 +336,7 @@ class GpuEngine:
         # frees its ring slots, early (bench/prefill.py on the H200: 5-15% faster than streamed-first).
         # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
         # upload carries the whole layer's tables.
-        res_groups = [lay.resident[i:i + GROUP_RESIDENT] for i in range(0, len(lay.resident), GROUP_RESIDENT)]
+        res_groups = self._runner.resident_groups(lay.resident, lay)
         walk, sgroups, unrouted = None, [], {}
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
             walk = self._walk

@@ -2,8 +2,10 @@
 
 Legend: T tokens, K top-k, R = T·K rows, D hidden, F expert FFN, G experts per launch group.
 Row order (Dm): [resident experts by id | streamed experts by id | CPU experts by id]; each expert owns a
-contiguous row range, its tokens in order. Experts are computed in groups: dequantise the group's blobs into
-fp16 scratch, one grouped GEMM for gate|up, SwiGLU, one for down, straight into their Dm rows.
+contiguous row range, its tokens in order. Experts are computed in groups. An expert with few rows (at most
+`few_rows`) runs straight from its blob (`expert_rows`: the blob read once, no fp16 copy); the others are
+dequantised into fp16 scratch for a grouped GEMM. Either way: gate|up, SwiGLU, down, straight into their Dm rows.
+Which path an expert takes depends only on its row count, so residency never changes the arithmetic.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
-GROUP_RESIDENT = 16    # experts per launch group from the cache
+GROUP_RESIDENT = 64    # experts per launch group from the cache (at most `scratch` of them with many rows)
+ROWS_TILE = 8          # rows per expert_rows tile (cuda/rows_kernels.cu ER_RT)
+FEW_ROWS = ROWS_TILE   # experts of one tile skip the fp16 scratch: each blob byte read once (bench/prefill.py
+                       # --few-rows 16,0,8 on the H200, prefill_f8_fewrows.log: 16 re-reads blobs and was slower)
 
 
 @dataclass
@@ -22,7 +27,7 @@ class RowLayout:
 
     ids: np.ndarray           # [T, K] routed expert ids
     order: np.ndarray         # experts in row order (resident | streamed | cpu)
-    off: dict                 # expert -> first row
+    off: np.ndarray           # [E] first row of each routed expert (0 for the unrouted)
     cnt: np.ndarray           # [E] tokens per expert
     src: np.ndarray           # [R] token of each row
     slot: np.ndarray          # [T, K] row of each (token, k) pair
@@ -51,19 +56,21 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list
     slot = np.empty(T * K, np.int32)
     slot[pairs] = np.arange(T * K, dtype=np.int32)
     starts = np.concatenate([[0], np.cumsum(cnt[order])[:-1]]) if order.size else np.zeros(0, np.int64)
-    return RowLayout(ids, order, {int(e): int(s) for e, s in zip(order, starts)}, cnt,
+    off = np.zeros(n_expert, np.int64)
+    off[order] = starts
+    return RowLayout(ids, order, off, cnt,
                      (pairs // K).astype(np.int32), slot.reshape(T, K),
                      res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts.astype(np.int64))
 
 
-def _tiles(r0: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """GEMM_BM-row tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0), never
+def _tiles(r0: np.ndarray, n: np.ndarray, bm: int = GEMM_BM) -> np.ndarray:
+    """bm-row tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0), never
     crossing experts: [n_tiles, 3] int32."""
-    nt = -(-n // GEMM_BM)                                          # tiles per expert
+    nt = -(-n // bm)                                               # tiles per expert
     g = np.repeat(np.arange(len(n)), nt)
     first = np.repeat(np.cumsum(nt) - nt, nt)
-    start = np.repeat(r0, nt) + (np.arange(g.size) - first) * GEMM_BM
-    end = np.minimum(start + GEMM_BM, np.repeat(r0 + n, nt))
+    start = np.repeat(r0, nt) + (np.arange(g.size) - first) * bm
+    end = np.minimum(start + bm, np.repeat(r0 + n, nt))
     return np.stack([g, start, end], axis=1).astype(np.int32).reshape(-1, 3)
 
 
@@ -76,50 +83,114 @@ def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
     return 0, gb, gb + ub
 
 
+@dataclass
+class GroupTables:
+    """A group's device tables: `few` for expert_rows (blob tables over every member, tiles of ROWS_TILE rows
+    of the few-row members, g = member index), `many` for dequant + gemm_grouped (blob tables over the
+    many-row members only, GEMM_BM tiles, g = index among them). Each is (gate, up, down, tiles, n_tiles)."""
+
+    few: tuple
+    many: tuple
+    n_many: int
+
+
 class ExpertRunner:
     """Computes groups of experts into Dm. Owns the fp16 weight scratch; knows each layer's blob layout."""
 
-    def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs):
+    def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs, few_rows: int = FEW_ROWS):
         self.dev, self.k, self.cfg, self.bufs = dev, dev.k, cfg, bufs
         self.types = layer_types
         self.offsets = [blob_offsets(cfg, t) for t in layer_types]
+        self.few_rows = few_rows
+
+    def resident_groups(self, resident: list[int], lay: RowLayout) -> list[list[int]]:
+        """Runs of the resident experts (row order) of at most GROUP_RESIDENT, and at most the weight scratch's
+        many-row experts: few-row experts need no scratch, so a prompt layer's cache hits take few launches."""
+        many = (lay.cnt[resident] > self.few_rows).tolist()
+        cap, out, cur, n_many = self.bufs.w_d.shape[0], [], [], 0
+        for e, m in zip(resident, many):
+            if cur and (len(cur) == GROUP_RESIDENT or n_many + m > cap):
+                out.append(cur)
+                cur, n_many = [], 0
+            cur.append(e)
+            n_many += m
+        return out + ([cur] if cur else [])
 
     def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
-        """Every group's tables of a layer in one upload: groups[g] = (members, buf, idx), the members' blobs
-        being rows idx of buf (cache slots or ring slots, known before the copies land)."""
-        # every group is a run of consecutive experts in row order: tile the layer once, then cut
-        every = _tiles(lay.starts, lay.cnt[lay.order].astype(np.int64))        # g = position in row order
+        """Every group's GroupTables of a layer in one upload: groups[g] = (members, buf, idx), the members'
+        blobs being rows idx of buf (cache slots or ring slots, known before the copies land). Whole-array numpy:
+        a prompt layer has tens of groups, and this runs on the host between the routing sync and the launches."""
+        n_g = len(groups)
+        cnt = lay.cnt[lay.order].astype(np.int64)                  # rows of each expert, in row order
+        few = cnt <= self.few_rows
+        pos = np.arange(cnt.size)
         first = lay.rank[[m[0] for m, _, _ in groups]]
-        last = lay.rank[[m[-1] for m, _, _ in groups]]
-        assert np.array_equal(last - first, [len(m) - 1 for m, _, _ in groups]), \
+        size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
+        assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
             "a group must be a run of experts in row order"
-        lo, hi = np.searchsorted(every[:, 0], first), np.searchsorted(every[:, 0], last + 1)
-        tiles = []
-        for i in range(len(groups)):
-            t = every[lo[i]:hi[i]].copy()
-            t[:, 0] -= first[i]
-            tiles.append(t)
-        return self.k.expert_tables([(buf, idx) for _, buf, idx in groups], self.offsets[layer], tiles,
-                                    self.dev.compute)
+        grp = np.full(cnt.size, -1, np.int64)                       # the group of each position in row order
+        member = np.repeat(first, size) + (np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size))
+        grp[member] = np.repeat(np.arange(n_g), size)
+        n_before = np.concatenate([[0], np.cumsum(~few)])           # many-row experts before each position
+        # tile once per path (g = position in row order), order the tiles by group, rebase g within the group
+        ft = _tiles(lay.starts[few], cnt[few], ROWS_TILE)
+        ft[:, 0] = pos[few][ft[:, 0]]
+        mt = _tiles(lay.starts[~few], cnt[~few], GEMM_BM)
+        mt[:, 0] = pos[~few][mt[:, 0]]
+        ft, mt = ft[grp[ft[:, 0]] >= 0], mt[grp[mt[:, 0]] >= 0]      # (experts in no group: the CPU's)
+        fg, mg = grp[ft[:, 0]], grp[mt[:, 0]]
+        fo, mo = np.argsort(fg, kind="stable"), np.argsort(mg, kind="stable")
+        ft, mt, fg, mg = ft[fo], mt[mo], fg[fo], mg[mo]
+        ft[:, 0] -= first[fg]
+        mt[:, 0] = n_before[mt[:, 0]] - n_before[first[mg]]
+        fcut = np.searchsorted(fg, np.arange(n_g + 1)).tolist()
+        mcut = np.searchsorted(mg, np.arange(n_g + 1)).tolist()
+        idx_all = np.concatenate([np.asarray(i) for _, _, i in groups])
+        many = ~few[member]                                          # per member, groups concatenated
+        n_many = np.add.reduceat(many, np.cumsum(size) - size).tolist() if n_g else []
+        idx_many = idx_all[many]
+        a = np.concatenate([[0], np.cumsum(size)]).tolist()
+        b = np.concatenate([[0], np.cumsum(n_many)]).astype(np.int64).tolist()
+        sets, tiles = [], []
+        for i, (_, buf, _) in enumerate(groups):
+            sets += [(buf, idx_all[a[i]:a[i + 1]]), (buf, idx_many[b[i]:b[i + 1]])]
+            tiles += [ft[fcut[i]:fcut[i + 1]], mt[mcut[i]:mcut[i + 1]]]
+        tabs = self.k.expert_tables(sets, self.offsets[layer], tiles, self.dev.compute)
+        return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)]
 
-    def group(self, layer: int, members: list[int], tab, lay: RowLayout, on_released=None):
-        """Enqueue one group (its `tables` entry): dequantise, release the blobs (on_released), gate|up GEMM,
-        SwiGLU, down GEMM."""
+    def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
+        """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for
+        both paths, SwiGLU, down; then release the blobs (on_released) once nothing reads them."""
         k, s, b = self.k, self.dev.compute, self.bufs
-        D, F, n = self.cfg.n_embd, self.cfg.n_ff_exp, len(members)
+        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+        n = tab.n_many
         assert n <= b.w_d.shape[0], f"a group of {n} experts exceeds the {b.w_d.shape[0]}-expert weight scratch"
         tg, tu, td = self.types[layer]
-        t_gate, t_up, t_down, td_dev, n_tiles = tab
-        if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type (the kernel fills g < n only)
-            k.dequant(b.w_gu, t_gate, tg, 2 * F, D, s)
-        else:
-            k.dequant(b.w_gu[:n, :F], t_gate, tg, F, D, s)
-            k.dequant(b.w_gu[:n, F:], t_up, tu, F, D, s)
-        k.dequant(b.w_d, t_down, td, D, F, s)
-        if on_released:
-            on_released()
-        r0 = lay.off[members[0]]
-        r1 = lay.off[members[-1]] + int(lay.cnt[members[-1]])
-        k.gemm_grouped(b.gu, b.xg, b.w_gu, td_dev, n_tiles, s)         # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        f_gate, f_up, f_down, f_tiles, n_few = tab.few
+        m_gate, m_up, m_down, m_tiles, n_tiles = tab.many
+        if n:
+            if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type (the kernel fills g < n only)
+                k.dequant(b.w_gu, m_gate, tg, 2 * F, D, s)
+            else:
+                k.dequant(b.w_gu[:n, :F], m_gate, tg, F, D, s)
+                k.dequant(b.w_gu[:n, F:], m_up, tu, F, D, s)
+            k.dequant(b.w_d, m_down, td, D, F, s)
+            if on_released and not n_few:
+                on_released()
+        r0 = int(lay.off[members[0]])
+        r1 = int(lay.off[members[-1]] + lay.cnt[members[-1]])
+        if n_few:
+            if tg == tu:
+                k.expert_rows(b.gu, b.xg, f_gate, f_tiles, n_few, tg, 2 * F, D, s)
+            else:
+                k.expert_rows(b.gu[:, :F], b.xg, f_gate, f_tiles, n_few, tg, F, D, s)
+                k.expert_rows(b.gu[:, F:], b.xg, f_up, f_tiles, n_few, tu, F, D, s)
+        if n:
+            k.gemm_grouped(b.gu, b.xg, b.w_gu, m_tiles, n_tiles, s)     # GU[rows] = Xg[rows] · Wgu[g]ᵀ
         k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
-        k.gemm_grouped(b.dm, b.hh, b.w_d, td_dev, n_tiles, s)            # Dm[rows] = H[rows] · Wdᵀ
+        if n_few:
+            k.expert_rows(b.dm, b.hh, f_down, f_tiles, n_few, td, D, F, s)
+            if on_released:
+                on_released()
+        if n:
+            k.gemm_grouped(b.dm, b.hh, b.w_d, m_tiles, n_tiles, s)       # Dm[rows] = H[rows] · Wdᵀ

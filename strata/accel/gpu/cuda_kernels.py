@@ -20,6 +20,7 @@ COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
 GEMM_DEFAULT = -1
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
+ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
 class _Staging:
@@ -54,14 +55,10 @@ class _Staging:
         self.inflight.append((s, s + view.nbytes, ev))
 
 
-class _DevTab:
-    """A table inside a packed upload: its device address and length (kernels take it as a raw pointer, which
-    saves the CuPy views a layer's tens of groups would otherwise create)."""
-
-    __slots__ = ("ptr", "n")
-
-    def __init__(self, ptr: int, n: int):
-        self.ptr, self.n = np.uint64(ptr), n
+def _tab_ptr(t):
+    """A kernel argument for a table: a packed table is a plain (device address, length) tuple (a layer has
+    hundreds; tuples cost a fraction of objects on the host), else a CuPy array."""
+    return np.uint64(t[0]) if isinstance(t, tuple) else t
 
 
 class CudaKernels(CudaDecodeKernels, Kernels):
@@ -80,6 +77,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
+        self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
@@ -108,45 +106,44 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         return [dev[o:o + h.nbytes].view(h.dtype).reshape(h.shape) for h, o in zip(hosts, offs)]
 
     def expert_tables(self, sets, offs, tiles, stream):
-        """One pinned->device copy for a layer: [pointer tables of every group (uint64) | tiles (int32)]."""
-        n_ptr = sum(len(idx) for _, idx in sets) * len(offs)
-        n_tile = sum(t.shape[0] for t in tiles)
-        packed = np.empty(n_ptr * 8 + n_tile * 12, np.uint8)
-        ptrs = packed[:n_ptr * 8].view(np.uint64)
-        tl = packed[n_ptr * 8:].view(np.int32).reshape(n_tile, 3)
-        i = j = 0
-        spans = []
-        for (buf, idx), t in zip(sets, tiles):
-            base = np.asarray(idx, np.uint64) * np.uint64(buf.strides[0]) + np.uint64(buf.data.ptr)
-            p0 = i
-            for o in offs:
-                ptrs[i:i + len(idx)] = base + np.uint64(o)
-                i += len(idx)
-            tl[j:j + t.shape[0]] = t
-            spans.append((p0, len(idx), j, t.shape[0]))
-            j += t.shape[0]
+        """One pinned->device copy for a layer: [pointer tables, offset-major: offs[w] of every set's blobs |
+        tiles (int32)], built with whole-array numpy (a layer has tens of groups; a Python loop per group and
+        offset cost ~1 ms a layer on the H200's host)."""
+        n_sets, W = len(sets), len(offs)
+        lens = np.fromiter((len(idx) for _, idx in sets), np.int64, n_sets)
+        ptr0 = np.fromiter((buf.data.ptr for buf, _ in sets), np.uint64, n_sets)
+        stride = np.fromiter((buf.strides[0] for buf, _ in sets), np.uint64, n_sets)
+        idx = np.concatenate([np.asarray(i, np.uint64) for _, i in sets]) if n_sets else np.zeros(0, np.uint64)
+        base = idx * np.repeat(stride, lens) + np.repeat(ptr0, lens)             # [n_ptr] blob addresses
+        n_ptr = base.size
+        tl = np.concatenate(tiles).astype(np.int32, copy=False) if n_sets else np.zeros((0, 3), np.int32)
+        tlen = np.fromiter((t.shape[0] for t in tiles), np.int64, n_sets)
+        packed = np.empty(W * n_ptr * 8 + tl.size * 4, np.uint8)
+        ptrs = packed[:W * n_ptr * 8].view(np.uint64).reshape(W, n_ptr)
+        ptrs[...] = base[None, :] + np.asarray(offs, np.uint64)[:, None]
+        packed[W * n_ptr * 8:].view(np.int32)[:] = tl.reshape(-1)
         dev = self.upload(packed, stream).data.ptr
-        out = []
-        for p0, n, t0, nt in spans:
-            tabs = tuple(_DevTab(dev + 8 * (p0 + n * w), n) for w in range(len(offs)))
-            out.append(tabs + (_DevTab(dev + n_ptr * 8 + 12 * t0, nt), nt))
-        return out
+        p0 = (np.cumsum(lens) - lens).tolist()
+        t0 = (np.cumsum(tlen) - tlen).tolist()
+        tile_base = dev + W * n_ptr * 8
+        return [tuple((dev + 8 * (w * n_ptr + a), n) for w in range(W)) + ((tile_base + 12 * b, nt), nt)
+                for a, n, b, nt in zip(p0, lens.tolist(), t0, tlen.tolist())]
 
-    def _as_array(self, tab: _DevTab, dtype):
+    def _as_array(self, tab: tuple, dtype):
         """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
-        mem = self.cp.cuda.UnownedMemory(int(tab.ptr), max(tab.n, 1) * np.dtype(dtype).itemsize, self)
-        return self.cp.ndarray((tab.n,), dtype, self.cp.cuda.MemoryPointer(mem, 0))
+        mem = self.cp.cuda.UnownedMemory(int(tab[0]), max(tab[1], 1) * np.dtype(dtype).itemsize, self)
+        return self.cp.ndarray((tab[1],), dtype, self.cp.cuda.MemoryPointer(mem, 0))
 
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         return np.asarray([r.buf.data.ptr + r.index * r.buf.strides[0] + byte_off for r in refs], np.uint64)
 
     # --- experts ------------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
-        if isinstance(blobs, _DevTab):
-            plan = self._dq_plans.get((qtype, n, k, blobs.n))
+        if isinstance(blobs, tuple):
+            plan = self._dq_plans.get((qtype, n, k, blobs[1]))
             if plan is not None and out.flags.c_contiguous:
                 fn, grid, g, nr, rb = plan
-                fn(grid, (dq._THREADS,), (blobs.ptr, g, nr, rb, out), stream=stream.s)
+                fn(grid, (dq._THREADS,), (np.uint64(blobs[0]), g, nr, rb, out), stream=stream.s)
                 return
             blobs = self._as_array(blobs, np.uint64)
         if out.flags.c_contiguous:
@@ -169,6 +166,25 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         with stream.s:
             out[...] = tmp
 
+    def expert_rows(self, out, a, blobs, tiles, n_tiles, qtype, n, k, stream):
+        cls = dq._check_type(qtype)
+        assert out.dtype == np.float32 and out.strides[1] == 4 and out.shape[1] >= n
+        assert a.dtype == np.float16 and a.strides[1] == 2 and a.shape[1] >= k
+        assert k % cls.block_size == 0, f"rows of {k} weights are not whole {cls.name} blocks"
+        if not n_tiles:
+            return
+        fn = self._rfn.get(qtype)
+        if fn is None:
+            if self._rmod is None:
+                self._rmod = self.cp.RawModule(code=dq.source("rows_kernels.cu"), options=("--std=c++17",))
+            fn = self._rfn[qtype] = self._rmod.get_function(f"expert_rows_{dq.SUFFIX[qtype]}")
+        lda = a.strides[0] // 2
+        vec = np.int32(lda % 8 == 0 and a.data.ptr % 16 == 0)      # 16-byte loads of the input rows
+        grid = (int(n_tiles), min(65535, -(-n // (ER_WARPS * ER_ROWS))))
+        fn(grid, (32 * ER_WARPS,), (out, np.int32(out.strides[0] // 4), a, np.int32(lda),
+                                    _tab_ptr(blobs), _tab_ptr(tiles), np.int32(n),
+                                    np.int32(k // cls.block_size), vec), stream=stream.s)
+
     def gather_f16(self, out, x, src, stream):
         R, D = out.shape
         assert out.dtype == np.float16 and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
@@ -182,7 +198,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         if not n_tiles:
             return
         args = (out, np.int32(out.strides[0] // 4), a, np.int32(a.strides[0] // 2), w,
-                tiles.ptr if isinstance(tiles, _DevTab) else tiles, np.int32(N), np.int32(Kd))
+                _tab_ptr(tiles), np.int32(N), np.int32(Kd))
         if self.gemm_kind == "simt":
             self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
         else:

@@ -45,6 +45,18 @@ class HostKernels(Kernels):
 
         self._run(stream, run)
 
+    def expert_rows(self, out, a, blobs, tiles, n_tiles, qtype, n, k, stream):
+        q = quants.get(qtype)
+        nbytes = n * q.row_bytes(k)
+
+        def run():
+            for g, r0, r1 in tiles[:n_tiles]:
+                buf, idx, off = blobs[g]
+                w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
+
+        self._run(stream, run)
+
     def gather_f16(self, out, x, src, stream):
         self._run(stream, lambda: out.__setitem__(slice(None), x[src].astype(F16)))
 

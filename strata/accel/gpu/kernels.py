@@ -72,6 +72,13 @@ class Kernels(abc.ABC):
         """out f16 [G, n, k] <- rows [n, k] of type `qtype` at each uploaded blob_table entry."""
 
     @abc.abstractmethod
+    def expert_rows(self, out, a, blobs, tiles, n_tiles: int, qtype: int, n: int, k: int, stream) -> None:
+        """Few-row experts straight from their blobs: for each tile (g, r0, r1) of tiles i32 [n_tiles, 3]
+        (r1 - r0 <= moe.ROWS_TILE): out f32 [r0:r1, :n] = a f16 [r0:r1, :k] · W_gᵀ, W_g the n x k matrix of
+        type `qtype` at blob_table entry g, each weight dequantised exactly and rounded to fp16, fp32 sums (the
+        order of the sums is the kernel's own, not gemm_grouped's). out may be a column slice (row stride > n)."""
+
+    @abc.abstractmethod
     def gather_f16(self, out, x, src, stream) -> None:
         """out f16 [R, D] <- x f32 [T, D] rows src i32 [R]."""
 
