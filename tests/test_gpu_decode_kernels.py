@@ -25,6 +25,15 @@ def _source(dev, arena, layer, cached):
     return ExpertSource(cache, dev.asarray(slot_of), arena.layers[layer])
 
 
+def distinct_layers(arena):
+    """(layer, its expert types) for the first layer of each distinct (gate, up, down) type triple."""
+    seen = set()
+    for layer, types in enumerate(arena.types):
+        if types not in seen:
+            seen.add(types)
+            yield layer, types
+
+
 @pytest.mark.parametrize("name", golden.golden_models())
 def test_moe_gemv(devs, name):
     from strata import quants
@@ -36,12 +45,7 @@ def test_moe_gemv(devs, name):
     D, F, K, E = cfg.n_embd, cfg.n_ff_exp, cfg.n_expert_used, cfg.n_expert
     rng = np.random.default_rng(7)
     ac, ah = Arena(m, c), Arena(m, h)
-    seen = set()
-    for layer in range(cfg.n_layer):
-        types = ac.types[layer]
-        if types in seen:
-            continue
-        seen.add(types)
+    for layer, types in distinct_layers(ac):
         ids = rng.choice(E, K, replace=False).astype(np.int32)
         x = rng.standard_normal((1, D)).astype(np.float32)
         hh = (rng.standard_normal((K, F)) / 4).astype(np.float16)

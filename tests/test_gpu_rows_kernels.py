@@ -8,6 +8,7 @@ import pytest
 
 from strata import models
 from strata.reference import golden
+from tests.test_gpu_decode_kernels import distinct_layers
 from tests.test_gpu_kernels import close, devs  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.gpu
@@ -34,12 +35,7 @@ def test_expert_rows(devs, name):
     D, F, E = cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
     rng = np.random.default_rng(11)
     ac, ah = Arena(m, c), Arena(m, h)
-    seen = set()
-    for layer in range(cfg.n_layer):
-        types = ac.types[layer]
-        if types in seen:
-            continue
-        seen.add(types)
+    for layer, types in distinct_layers(ac):
         offs = blob_offsets(cfg, types)
         experts = rng.choice(E, min(E, 3), replace=False).tolist()
         counts = [1, ROWS_TILE, 5][:len(experts)]

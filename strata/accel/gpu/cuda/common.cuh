@@ -31,3 +31,18 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
     __syncthreads();
     return v;
 }
+
+// A warp copies n bytes of src (device memory, or pinned host memory read over PCIe) into its shared stage st:
+// 4-byte loads when src is 4-aligned, each byte read once and coalesced (what a zero-copy read over PCIe needs),
+// then the ragged tail byte by byte. Followed by __syncwarp() before the stage is read.
+__device__ __forceinline__ void warp_stage(unsigned char* st, const unsigned char* src, int n, int lane) {
+    int i0 = 0;
+    if (((unsigned long long)src & 3ull) == 0) {
+        const int nw = n >> 2;
+        for (int i = lane; i < nw; i += 32)
+            reinterpret_cast<unsigned int*>(st)[i] = reinterpret_cast<const unsigned int*>(src)[i];
+        i0 = nw << 2;
+    }
+    for (int i = i0 + lane; i < n; i += 32) st[i] = src[i];
+    __syncwarp();
+}

@@ -41,15 +41,7 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
         for (int b0 = 0; b0 < RB; b0 += BPS) {
             const int nb = min(BPS, RB - b0), nbytes = nb * Q::SIZE;
             const uint8_t* src = row + (long long)b0 * Q::SIZE;
-            int i0 = 0;
-            if (((unsigned long long)src & 3ull) == 0) {
-                const int nw = nbytes >> 2;
-                for (int i = lane; i < nw; i += 32)
-                    reinterpret_cast<uint32_t*>(st)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-                i0 = nw << 2;
-            }
-            for (int i = i0 + lane; i < nbytes; i += 32) st[i] = src[i];
-            __syncwarp();
+            warp_stage(st, src, nbytes, lane);
             if (lane < nb * PPB) {
                 float v[Q::PART];
                 Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
