@@ -123,7 +123,6 @@ class ExpertRunner:
         n_g = len(groups)
         cnt = lay.cnt[lay.order].astype(np.int64)                  # rows of each expert, in row order
         few = cnt <= self.few_rows
-        pos = np.arange(cnt.size)
         first = lay.rank[[m[0] for m, _, _ in groups]]
         size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
         assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
@@ -134,9 +133,9 @@ class ExpertRunner:
         n_before = np.concatenate([[0], np.cumsum(~few)])           # many-row experts before each position
         # tile once per path (g = position in row order), order the tiles by group, rebase g within the group
         ft = _tiles(lay.starts[few], cnt[few], ROWS_TILE)
-        ft[:, 0] = pos[few][ft[:, 0]]
+        ft[:, 0] = np.flatnonzero(few)[ft[:, 0]]
         mt = _tiles(lay.starts[~few], cnt[~few], GEMM_BM)
-        mt[:, 0] = pos[~few][mt[:, 0]]
+        mt[:, 0] = np.flatnonzero(~few)[mt[:, 0]]
         ft, mt = ft[grp[ft[:, 0]] >= 0], mt[grp[mt[:, 0]] >= 0]      # (experts in no group: the CPU's)
         fg, mg = grp[ft[:, 0]], grp[mt[:, 0]]
         fo, mo = np.argsort(fg, kind="stable"), np.argsort(mg, kind="stable")
@@ -146,9 +145,8 @@ class ExpertRunner:
         fcut = np.searchsorted(fg, np.arange(n_g + 1)).tolist()
         mcut = np.searchsorted(mg, np.arange(n_g + 1)).tolist()
         idx_all = np.concatenate([np.asarray(i) for _, _, i in groups])
-        many = ~few[member]                                          # per member, groups concatenated
-        n_many = np.add.reduceat(many, np.cumsum(size) - size).tolist() if n_g else []
-        idx_many = idx_all[many]
+        idx_many = idx_all[~few[member]]                             # members concatenated, many-row ones
+        n_many = (n_before[first + size] - n_before[first]).tolist()     # each group's, a run of positions
         a = np.concatenate([[0], np.cumsum(size)]).tolist()
         b = np.concatenate([[0], np.cumsum(n_many)]).astype(np.int64).tolist()
         sets, tiles = [], []
