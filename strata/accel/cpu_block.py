@@ -3,9 +3,11 @@
 The CPU experts' rows are the tail of Dm. The layer's input rows reach pinned host memory by a device->host copy
 enqueued before the routing sync; after the sync the pool computes its experts on the q8 path (on a thread during
 prefill, so the GPU's experts and streaming run meanwhile; inline during decode), and their rows go back into
-Dm's tail just before the combine. Timings for the share policy come from device events (the meter's window: the
-CPU thread's launch to the end of the GPU's experts; the gate's window: before the routing sync to just before
-the combine), read one layer late, at the next routing sync, when they are complete.
+Dm's tail just before the combine; in a shared prefill layer the compute stream, not the engine thread, waits
+for the pool (Device.wait_words on its count of finished tiles), so the thread goes on issuing. Timings for the
+share policy come from device events (the meter's window: the CPU thread's launch to the end of the GPU's
+experts; the gate's window: before the routing sync to just before the combine), read one layer late, at the
+next routing sync, when they are complete.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class CpuBlock:
         self.last_cpu: dict[int, tuple[int, ...]] = {}        # layer -> the CPU's experts in the latest step
         self.decode_frac = 0.5           # decode: the share of misses the CPU takes (cost model, below)
         self._c_ms = self._g_ms = None
+        self._words = None               # the pool's control words as the device maps them (first share)
+        self._open: tuple | None = None  # a shared layer whose pool batch the device waits on: settle() ends it
         self.log = log or (lambda s: print(s, file=sys.stderr))
 
     def swap(self, policy) -> None:
@@ -63,6 +67,7 @@ class CpuBlock:
     # --- prefill: the share ------------------------------------------------------------------------------------
     def begin_layer(self, layer: int, h, stream) -> bool:
         """Top of an eligible layer (routed-only walk, pool free): the arm; copies the input when it shares."""
+        self.settle()
         arm = self.policy.begin_layer(layer)
         self.parity ^= 1
         ev = self.ev[self.parity]
@@ -93,6 +98,7 @@ class CpuBlock:
 
     def launch(self, layer: int, lay, stream, threaded: bool) -> None:
         """Start the pool on the layout's CPU experts (their rows are Dm's tail); the meter's window opens."""
+        self.settle()
         self.cpu_ms = 0.0
         if not lay.cpu:
             return
@@ -158,13 +164,35 @@ class CpuBlock:
             self.ev[self.parity][3].record(stream)
 
     def finish(self, layer: int, lay, nstream: int, dm, stream, eligible: bool) -> None:
-        """Wait for the CPU, copy its rows into Dm's tail; tell the policy; the gate's window closes here."""
+        """Copy the CPU's rows into Dm's tail once it is done; tell the policy; the gate's window closes here.
+        A batch the pool's workers run is waited for by the stream, not the engine thread: the thread goes on
+        issuing the combine and the next layer's dense work (a shared layer costs no host-issue gap after its
+        window, where the gate cannot see it), and settle() ends the layer for the policy later."""
+        if self.submitted and eligible:
+            if self._words is None:
+                self._words = self.dev.map_words(self.pool.control_words)
+            self.dev.wait_words(self._words, *self.pool.done_word(), stream)
+            self._rows_back(layer, lay, dm, stream, eligible)
+            if self.auto:
+                self.ev[self.parity][1].record(stream)
+            self._open = (layer, nstream, len(lay.cpu), self.parity)
+            return
+        self.settle()
         if self.submitted:
             self.cpu_ms = self.pool.wait()
             self.submitted = False
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        self._rows_back(layer, lay, dm, stream, eligible)
+        if eligible:
+            self.stats["layers"] += 1
+            want = self.policy.end_layer(LayerEnd(layer, nstream, len(lay.cpu), self.cpu_ms, False))
+            if want.wall:
+                self.ev[self.parity][1].record(stream)
+            self.pending_parity = self.parity if (want.gpu or want.wall) else None
+
+    def _rows_back(self, layer: int, lay, dm, stream, eligible: bool) -> None:
         if eligible:
             self.taken.append((layer, tuple(lay.cpu)))
         self.last_cpu[layer] = tuple(lay.cpu)
@@ -174,12 +202,20 @@ class CpuBlock:
             self.dev.h2d(dm[base:base + n], self.rows_host[:n], stream)
             self.stats["cpu_experts"] += len(lay.cpu)
             self.stats["shared_layers"] += 1
-        if eligible:
-            self.stats["layers"] += 1
-            want = self.policy.end_layer(LayerEnd(layer, nstream, len(lay.cpu), self.cpu_ms, False))
-            if want.wall:
-                self.ev[self.parity][1].record(stream)
-            self.pending_parity = self.parity if (want.gpu or want.wall) else None
+
+    def settle(self) -> None:
+        """End the open shared layer: its CPU wall time (the pool is done, or soon is), then the policy's
+        layer end, in the order the policy sees layers (before the next layer begins). The window's closing
+        event was recorded on the stream after the rows' copy, so it still spans what SPEC §6 says."""
+        if self._open is None:
+            return
+        layer, nstream, n_cpu, parity = self._open
+        self._open = None
+        self.cpu_ms = self.pool.wait()
+        self.submitted = False
+        self.stats["layers"] += 1
+        want = self.policy.end_layer(LayerEnd(layer, nstream, n_cpu, self.cpu_ms, False))
+        self.pending_parity = parity if (want.gpu or want.wall) else None
 
     # --- decode: misses on the CPU ---------------------------------------------------------------------------
     def decode_split(self, misses: list[int]) -> list[int]:

@@ -18,7 +18,7 @@ from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
 from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
-from strata.accel.moe import FEW_ROWS, ExpertRunner, row_layout
+from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
@@ -287,6 +287,8 @@ class GpuEngine:
                 x = self.model.forward_block(self.ops, x, layer, pos)             # [T, D]
             rows = x if all_logits else x[T - 1:T]
             logits = head(self.ops, self.cfg, rows)                               # [T or 1, V]
+            if self.cpu_block is not None:
+                self.cpu_block.settle()          # the last shared layer ends for the policy with the chunk
         self.pos += T
         self.n_chunks += 1
         return self.dev.tohost(logits)
@@ -321,6 +323,12 @@ class GpuEngine:
             cpu, nstream = cb.choose(cnt.tolist(), resident.tolist(), arm)
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
+        walk = None
+        if self._walk is None:       # routed-only: the first copies go before the layout and tables are built
+            streamed = placement(cnt, resident, cpu)[1].tolist()    # (the link idles from the sync until then)
+            if streamed:
+                walk = Walk(self._ring, self.arena, [(layer, e) for e in streamed], threaded=False)
+                walk.prefetch()
         lay = row_layout(ids, cnt, resident, cpu=list(cpu))
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
@@ -337,12 +345,11 @@ class GpuEngine:
         # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
         # upload carries the whole layer's tables.
         res_groups = self._runner.resident_groups(lay.resident, lay)
-        walk, sgroups, unrouted = None, [], {}
+        sgroups, unrouted = [], {}
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
             walk = self._walk
             sgroups, unrouted = self._stream_all_groups(layer, lay)
-        elif lay.streamed:           # routed-only: this layer's streamed experts in id order, 8 copies ahead
-            walk = Walk(self._ring, self.arena, [(layer, e) for e in lay.streamed], threaded=False)
+        elif walk is not None:       # routed-only: this layer's streamed experts in id order, 8 copies ahead
             # groups of 8 (4 in decode's 8-slot ring): one group's copies land while the group before computes
             sgroups = self._groups(list(range(len(lay.streamed))), min(ROUTED_ONLY_RING, self._ring.n // 2))
         cache = self.cache
@@ -351,8 +358,6 @@ class GpuEngine:
         tabs = self._runner.tables(layer, plan, lay) if plan else []
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
         ri = 0
-        if walk is not None and walk.thread is None:
-            walk.prefetch()
         if res_groups and sgroups:          # the compute stream is idle while the first copies land
             self._runner.group(layer, res_groups[0], res_tabs[0], lay)
             ri = 1

@@ -38,16 +38,21 @@ class RowLayout:
     starts: np.ndarray | None = None   # [len(order)] first row of each expert in `order`
 
 
+def placement(cnt: np.ndarray, resident: np.ndarray, cpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The routed experts (cnt [E] > 0) split into (resident, streamed, CPU), each in id order; resident [E]
+    bool, cpu: the CPU's experts. The streamed ones are the routed-only walk's queue (SPEC §3)."""
+    routed = cnt > 0
+    on_cpu = np.zeros(cnt.shape[0], bool)
+    on_cpu[list(cpu)] = True
+    return (np.flatnonzero(routed & resident), np.flatnonzero(routed & ~resident & ~on_cpu),
+            np.flatnonzero(routed & on_cpu))
+
+
 def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list[int]) -> RowLayout:
     """ids [T, K]; cnt [E] tokens per expert (bincount of ids); resident [E] bool; cpu: the CPU's experts."""
     T, K = ids.shape
     n_expert = cnt.shape[0]
-    routed = cnt > 0
-    on_cpu = np.zeros(n_expert, bool)
-    on_cpu[list(cpu)] = True
-    res = np.flatnonzero(routed & resident)
-    strm = np.flatnonzero(routed & ~resident & ~on_cpu)
-    cpu_ids = np.flatnonzero(routed & on_cpu)
+    res, strm, cpu_ids = placement(cnt, resident, cpu)
     order = np.concatenate([res, strm, cpu_ids]).astype(np.int64)
     rank = np.empty(n_expert, np.int64)
     rank[order] = np.arange(order.size)

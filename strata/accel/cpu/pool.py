@@ -32,7 +32,7 @@ from strata.accel.cpu._llvm import address, usleep_address
 from strata.accel.cpu.act import act_row_bytes
 from strata.accel.cpu.rows import MAXT, kernel_table
 
-_ALIGN = 64
+_CTL_ALIGN = 4096
 
 
 def available_cores() -> int:
@@ -200,9 +200,9 @@ class ExpertPool:
                           f"spinning (slower, but never starves the thread it waits for)", stacklevel=2)
         spin = (0.0 if self.oversubscribed else 2000.0) if spin_us is None else float(spin_us)
         self.spin_ticks = int(spin * ticks_per_us())
-        raw = np.zeros(S.CTL_WORDS + 8, np.int64)
-        off = (-address(raw) % _ALIGN) // 8
-        self._ctl = raw[off:off + S.CTL_WORDS]   # 64-byte aligned control words
+        raw = np.zeros(S.CTL_WORDS + _CTL_ALIGN // 8, np.int64)
+        off = (-address(raw) % _CTL_ALIGN) // 8
+        self._ctl = raw[off:off + S.CTL_WORDS]   # control words on a page of their own (a device may map it)
         self._ctl[S.KFN:S.KFN + 3] = kernel_table()
         self._ctl[S.SLEEPFN] = usleep_address() if doze_ms > 0 else 0
         self._ctl[S.DOZE_US], self._ctl[S.DOZE_TICKS] = 50, int(doze_ms * 1e3 * ticks_per_us())
@@ -266,6 +266,18 @@ class ExpertPool:
             self._run_lock.release()
             raise
         self._submitted = True
+
+    @property
+    def control_words(self) -> np.ndarray:
+        """The pool's control words (int64, a page of their own): a device maps them once to wait on `done_word`."""
+        return self._ctl
+
+    def done_word(self) -> tuple[int, int]:
+        """The submitted batch is complete once control_words[index] >= value: (index, value). Its last tile
+        writes that count after every output row, so a device stream that waits on it may read the rows."""
+        if not self._submitted:
+            raise RuntimeError("done_word() without a submitted batch")
+        return S.DONE, int(self._keep[1].shape[0])
 
     def wait(self) -> float:
         """Wait for the submitted batch; returns its wall ms from publication to its last tile."""

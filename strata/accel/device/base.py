@@ -113,6 +113,16 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def event(self) -> Event: ...
 
+    @abc.abstractmethod
+    def map_words(self, words: np.ndarray) -> object:
+        """Make host words (int64, contiguous, alive as long as the device) readable by `wait_words`; returns
+        the handle to pass there. Once per buffer."""
+
+    @abc.abstractmethod
+    def wait_words(self, handle, index: int, value: int, stream: Stream) -> None:
+        """Later work on `stream` waits until host word `index` of a mapped buffer reaches `value` (another
+        host thread writes it: the CPU pool's count of finished tiles), without blocking the caller."""
+
     def synchronize(self) -> None:
         self.compute.synchronize()
         self.copy.synchronize()

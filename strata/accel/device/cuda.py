@@ -19,6 +19,20 @@ extern "C" __global__ void strata_link_hold(const unsigned long long* t, unsigne
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now < end);
 }
 """
+# wait_words: one thread polls a mapped host word (volatile: each read crosses PCIe) until it reaches v; a pool
+# that never finishes would hold the stream for ever, so past `limit_ns` the kernel traps (the context fails)
+_WAIT_SRC = r"""
+extern "C" __global__ void strata_wait_ge(const volatile long long* w, long long v, unsigned long long limit_ns) {
+    unsigned long long t0, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*w < v) {
+        __nanosleep(500);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - t0 > limit_ns) __trap();
+    }
+}
+"""
+WAIT_LIMIT_S = 120.0
 
 
 class CudaEvent(Event):
@@ -113,6 +127,7 @@ class CudaDevice(Device):
 
         self.k = CudaKernels(self, gemm)
         self._link_k = None
+        self._wait_k = None
 
     def bind_thread(self) -> None:
         self._dev.use()
@@ -208,6 +223,30 @@ class CudaDevice(Device):
 
     def total_bytes(self) -> int:
         return int(self.budget or self._total)
+
+    def map_words(self, words: np.ndarray) -> int:
+        """cudaHostRegister (mapped) of the words' pages; the device address, which under unified addressing
+        is the host address where the device says so (cudaDevAttrCanUseHostPointerForRegisteredMem)."""
+        assert words.dtype == np.int64 and words.flags.c_contiguous
+        rt = self.cp.cuda.runtime
+        ptr = words.ctypes.data
+        try:
+            rt.hostRegister(ptr, words.nbytes, 2)                           # cudaHostRegisterMapped
+        except rt.CUDARuntimeError as e:
+            if e.status != 712:     # cudaErrorHostMemoryAlreadyRegistered: an earlier engine on this pool did it
+                raise
+        get = getattr(rt, "hostGetDevicePointer", None)
+        if get is not None:
+            return int(get(ptr, 0))
+        if not rt.deviceGetAttribute(91, self.id):       # cudaDevAttrCanUseHostPointerForRegisteredMem
+            raise DeviceError("this device cannot read registered host memory at its host address")
+        return ptr
+
+    def wait_words(self, handle: int, index: int, value: int, stream: CudaStream) -> None:
+        if self._wait_k is None:
+            self._wait_k = self.cp.RawModule(code=_WAIT_SRC).get_function("strata_wait_ge")
+        self._wait_k((1,), (1,), (np.uint64(handle + 8 * index), np.int64(value), np.uint64(WAIT_LIMIT_S * 1e9)),
+                     stream=stream.s)
 
     def event(self) -> CudaEvent:
         return CudaEvent(self.cp)

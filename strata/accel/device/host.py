@@ -152,6 +152,17 @@ class HostDevice(Device):
     def event(self) -> HostEvent:
         return HostEvent()
 
+    def map_words(self, words):
+        assert words.dtype == np.int64 and words.flags.c_contiguous
+        return words
+
+    def wait_words(self, handle, index, value, stream):
+        def spin():
+            while handle[index] < value:
+                time.sleep(0)
+
+        stream._put(spin)
+
     def on(self, stream):
         import contextlib
 
