@@ -100,7 +100,9 @@ def main():
         for r in range(a.rounds):
             for L in lengths:
                 ids = rng.integers(0, c.n_vocab, L).tolist()
-                for name, sh in settings:
+                # the order alternates by round, so no setting always follows the same one (a pool that
+                # just ran a large share dozes into the next prompt)
+                for name, sh in (settings if r % 2 == 0 else settings[::-1]):
                     eng.use_share(sh, pols[name])
                     eng.reset()
                     if name == "off" and L == max(lengths) and r == a.rounds - 1:   # the routing, for the sim
