@@ -40,8 +40,8 @@ def sim_model_of(m):
 
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
-# column of bench/results/h200/share_f_link12.json (12 GB/s) alone.
-EMULATED_COPY_US = 6.5
+# column of bench/results/h200/share_f_link12_stop15.json (12 GB/s) alone (stop 13's run gave 6.5).
+EMULATED_COPY_US = 11.1
 
 
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
