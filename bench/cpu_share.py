@@ -21,6 +21,14 @@ import time
 import numpy as np
 
 
+def spread_line(res: dict, lengths, names) -> str:
+    """Each setting's round-to-round spread (max / min - 1) per length: a difference of medians well inside it
+    is noise (the lent machines' hosts vary from prompt to prompt; an emulated link hardly does)."""
+    return "round-to-round spread (max/min - 1): " + "; ".join(
+        f"{L}: " + " ".join(f"{n} {100 * (max(res[L][n]) / min(res[L][n]) - 1):.0f}%" for n in names)
+        for L in lengths)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -131,6 +139,7 @@ def main():
                 cells.append(f"{med:8.1f} ({100 * (med / off - 1):+5.1f}%)" if n != "off" else f"{med:16.1f}")
             tab[L] = row
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
+        print(spread_line(res, lengths, [n for n, _ in settings]))
         print("streamed MB per prompt (median): " + "; ".join(
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
