@@ -130,3 +130,28 @@ def test_share_through_submit_or_a_host_thread_is_the_same():
                 dev.close()
     assert took[0] == took[1] > 0
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_stream_waited_share_ends_each_layer_for_the_policy_in_order(kind, pool):
+    """With the pool's workers the stream, not the engine thread, waits for a shared layer's rows; the layer ends
+    for the policy later (CpuBlock.settle), yet the policy still sees begin(l), end(l), begin(l+1), ... with each
+    end's CPU time measured, and the chunk's last layer ends before prefill returns."""
+    name = NAMES[0]
+    m = models.load(golden.model_path(name))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
+    dev = make_device(kind)
+    try:
+        e = _engine(m, dev, pool, 0.6, 0)
+        pol, calls = e.cpu_block.policy, []
+        begin, end = pol.begin_layer, pol.end_layer
+        pol.begin_layer = lambda layer: calls.append(("begin", layer)) or begin(layer)
+        pol.end_layer = lambda le: calls.append(("end", le.layer, le.n_cpu, le.cpu_ms)) or end(le)
+        e.prefill(ids)
+        assert e.cpu_block._open is None, "the chunk's last shared layer was left open"
+    finally:
+        dev.close()
+    n = m.cfg.n_layer
+    assert [c[:2] for c in calls] == [x for layer in range(n) for x in (("begin", layer), ("end", layer))]
+    shared = [c for c in calls if c[0] == "end" and c[2] > 0]
+    assert shared and all(c[3] > 0 for c in shared), "a shared layer ended without its CPU time"

@@ -169,13 +169,14 @@ class CpuBlock:
         issuing the combine and the next layer's dense work (a shared layer costs no host-issue gap after its
         window, where the gate cannot see it), and settle() ends the layer for the policy later."""
         if self.submitted and eligible:
-            if self._words is None:
+            first = self._words is None          # mapping the words (page-locking them) is a one-time cost
+            if first:
                 self._words = self.dev.map_words(self.pool.control_words)
             self.dev.wait_words(self._words, *self.pool.done_word(), stream)
             self._rows_back(layer, lay, dm, stream, eligible)
             if self.auto:
                 self.ev[self.parity][1].record(stream)
-            self._open = (layer, nstream, len(lay.cpu), self.parity)
+            self._open = (layer, nstream, len(lay.cpu), self.parity, first)
             return
         self.settle()
         if self.submitted:
@@ -209,12 +210,12 @@ class CpuBlock:
         event was recorded on the stream after the rows' copy, so it still spans what SPEC §6 says."""
         if self._open is None:
             return
-        layer, nstream, n_cpu, parity = self._open
+        layer, nstream, n_cpu, parity, one_time = self._open
         self._open = None
         self.cpu_ms = self.pool.wait()
         self.submitted = False
         self.stats["layers"] += 1
-        want = self.policy.end_layer(LayerEnd(layer, nstream, n_cpu, self.cpu_ms, False))
+        want = self.policy.end_layer(LayerEnd(layer, nstream, n_cpu, self.cpu_ms, one_time))
         self.pending_parity = parity if (want.gpu or want.wall) else None
 
     # --- decode: misses on the CPU ---------------------------------------------------------------------------
