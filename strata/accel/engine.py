@@ -323,13 +323,12 @@ class GpuEngine:
             cpu, nstream = cb.choose(cnt.tolist(), resident.tolist(), arm)
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
+        parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
         walk = None
-        if self._walk is None:       # routed-only: the first copies go before the layout and tables are built
-            streamed = placement(cnt, resident, cpu)[1].tolist()    # (the link idles from the sync until then)
-            if streamed:
-                walk = Walk(self._ring, self.arena, [(layer, e) for e in streamed], threaded=False)
-                walk.prefetch()
-        lay = row_layout(ids, cnt, resident, cpu=list(cpu))
+        if self._walk is None and parts[1].size:     # routed-only: the first copies go before the layout and
+            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()], threaded=False)
+            walk.prefetch()                          # tables are built (the link idles from the sync until then)
+        lay = row_layout(ids, cnt, parts)
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
             self.stats.hits += len(lay.resident)

@@ -48,11 +48,11 @@ def placement(cnt: np.ndarray, resident: np.ndarray, cpu) -> tuple[np.ndarray, n
             np.flatnonzero(routed & on_cpu))
 
 
-def row_layout(ids: np.ndarray, cnt: np.ndarray, resident: np.ndarray, cpu: list[int]) -> RowLayout:
-    """ids [T, K]; cnt [E] tokens per expert (bincount of ids); resident [E] bool; cpu: the CPU's experts."""
+def row_layout(ids: np.ndarray, cnt: np.ndarray, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowLayout:
+    """ids [T, K]; cnt [E] tokens per expert (bincount of ids); parts: placement()'s (resident, streamed, CPU)."""
     T, K = ids.shape
     n_expert = cnt.shape[0]
-    res, strm, cpu_ids = placement(cnt, resident, cpu)
+    res, strm, cpu_ids = parts
     order = np.concatenate([res, strm, cpu_ids]).astype(np.int64)
     rank = np.empty(n_expert, np.int64)
     rank[order] = np.arange(order.size)
