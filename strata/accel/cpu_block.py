@@ -164,36 +164,26 @@ class CpuBlock:
             self.ev[self.parity][3].record(stream)
 
     def finish(self, layer: int, lay, nstream: int, dm, stream, eligible: bool) -> None:
-        """Copy the CPU's rows into Dm's tail once it is done; tell the policy; the gate's window closes here.
-        A batch the pool's workers run is waited for by the stream, not the engine thread: the thread goes on
-        issuing the combine and the next layer's dense work (a shared layer costs no host-issue gap after its
-        window, where the gate cannot see it), and settle() ends the layer for the policy later."""
-        if self.submitted and eligible:
+        """Copy the CPU's rows into Dm's tail once it is done; the gate's window closes here; the layer ends for
+        the policy in settle(). A batch the pool's workers run is waited for by the stream, not the engine thread:
+        the thread goes on issuing the combine and the next layer's dense work (a shared layer then costs no
+        host-issue gap after its window, where the gate cannot see it), and settle() runs before the next layer
+        begins. A CPU thread, or the inline decode batch, is waited for here and the layer ends at once."""
+        on_stream = self.submitted and eligible
+        first = False
+        if on_stream:
             first = self._words is None          # mapping the words (page-locking them) is a one-time cost
             if first:
                 self._words = self.dev.map_words(self.pool.control_words)
             self.dev.wait_words(self._words, *self.pool.done_word(), stream)
-            self._rows_back(layer, lay, dm, stream, eligible)
-            if self.auto:
-                self.ev[self.parity][1].record(stream)
-            self._open = (layer, nstream, len(lay.cpu), self.parity, first)
-            return
-        self.settle()
-        if self.submitted:
-            self.cpu_ms = self.pool.wait()
-            self.submitted = False
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        self._rows_back(layer, lay, dm, stream, eligible)
-        if eligible:
-            self.stats["layers"] += 1
-            want = self.policy.end_layer(LayerEnd(layer, nstream, len(lay.cpu), self.cpu_ms, False))
-            if want.wall:
-                self.ev[self.parity][1].record(stream)
-            self.pending_parity = self.parity if (want.gpu or want.wall) else None
-
-    def _rows_back(self, layer: int, lay, dm, stream, eligible: bool) -> None:
+        else:
+            self.settle()
+            if self.submitted:
+                self.cpu_ms = self.pool.wait()
+                self.submitted = False
+            if self.thread is not None:
+                self.thread.join()
+                self.thread = None
         if eligible:
             self.taken.append((layer, tuple(lay.cpu)))
         self.last_cpu[layer] = tuple(lay.cpu)
@@ -203,17 +193,25 @@ class CpuBlock:
             self.dev.h2d(dm[base:base + n], self.rows_host[:n], stream)
             self.stats["cpu_experts"] += len(lay.cpu)
             self.stats["shared_layers"] += 1
+        if eligible:
+            if self.auto:
+                self.ev[self.parity][1].record(stream)
+            self._open = (layer, nstream, len(lay.cpu), self.parity, first)
+            if not on_stream:
+                self.settle()
 
     def settle(self) -> None:
-        """End the open shared layer: its CPU wall time (the pool is done, or soon is), then the policy's
-        layer end, in the order the policy sees layers (before the next layer begins). The window's closing
-        event was recorded on the stream after the rows' copy, so it still spans what SPEC §6 says."""
+        """End the open eligible layer for the policy: its CPU wall time (waiting for the pool if the stream
+        did), then the policy's layer end, in the order the policy sees layers (before the next one begins).
+        The window's closing event was recorded on the stream after the rows' copy, so it still spans what
+        SPEC §6 says."""
         if self._open is None:
             return
         layer, nstream, n_cpu, parity, one_time = self._open
         self._open = None
-        self.cpu_ms = self.pool.wait()
-        self.submitted = False
+        if self.submitted:
+            self.cpu_ms = self.pool.wait()
+            self.submitted = False
         self.stats["layers"] += 1
         want = self.policy.end_layer(LayerEnd(layer, nstream, n_cpu, self.cpu_ms, one_time))
         self.pending_parity = parity if (want.gpu or want.wall) else None
