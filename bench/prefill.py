@@ -2,13 +2,15 @@
 all-resident engine (accel GPU issue, item 6).
 
 python bench/prefill.py --model X.gguf [--cache-frac 0.25] [--prompts 250,600,900,2048,8192] [--rounds 3]
-                        [--decode 32] [--json out.json] [--few-rows 16[,0,...]]
+                        [--decode 32] [--json out.json] [--few-rows 16[,0,...]] [--groups-ab 16]
 
 Per round, for each prompt length, the quarter-cache engine and the all-resident engine run one after the other
-(interleaved); medians over rounds. Several --few-rows values (moe.FEW_ROWS: experts of at most that many rows
-run from their blobs, 0 = every expert through the fp16 scratch) run interleaved in each round, one table row
-each. The PCIe floor of a run = bytes it streamed ÷ pinned H2D bandwidth measured in this run at the model's
-blob size. The decode bound = missed expert bytes per token ÷ host memory bandwidth measured in this run.
+(interleaved, the order alternating by round); medians over rounds. --groups-ab G adds a third engine beside them:
+the quarter cache planned with a G-expert weight scratch only (memplan.PROMPT_GROUPS otherwise picks one per plan),
+a side-by-side A/B. Several --few-rows values (moe.FEW_ROWS: experts of at most that many rows run from their
+blobs, 0 = every expert through the fp16 scratch) run interleaved in each round, one table row each. The PCIe floor
+of a run = bytes it streamed ÷ pinned H2D bandwidth measured in this run at the model's blob size. The decode
+bound = missed expert bytes per token ÷ host memory bandwidth measured in this run.
 Decode runs both ways on each engine, interleaved: the captured decode graph (misses read by the GPU over PCIe)
 and the per-layer path (a routing sync per layer, misses shared with the CPU pool).
 """
@@ -54,6 +56,7 @@ def main():
     ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
     ap.add_argument("--pool-workers", type=int, help="CPU pool workers for decode misses (default: cores - 1)")
     ap.add_argument("--few-rows", default=None, help="expert row thresholds to compare (default: moe.FEW_ROWS)")
+    ap.add_argument("--groups-ab", type=int, help="also time the quarter cache planned with this weight scratch only")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -86,15 +89,20 @@ def main():
     eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool,
                    few_rows=fews[0])
     er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena, few_rows=fews[0])
+    engines = [("quarter", eq), ("resident", er)]
+    if a.groups_ab:
+        eg = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, few_rows=fews[0],
+                       prompt_groups=(a.groups_ab,))
+        engines.append(("groups_ab", eg))
     slot = eq.plan.slot_bytes
     bw = h2d_gbps(dev, slot)
     hbw = host_gbps(available_cores())
     log(f"bench: pinned H2D at {slot / 2**20:.2f} MiB copies {bw:.1f} GB/s; host read {hbw:.1f} GB/s")
     rng = np.random.default_rng(0)
     cells = [(L, f) for L in lengths for f in fews]
-    res = {cell: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": []}
-           for cell in cells}
-    for eng in (eq, er):                      # warm-up at every length: kernels compiled, memory pools grown
+    res = {cell: {"quarter_ms": [], "resident_ms": [], "floor_ms": [], "streamed_mb": [], "sync_ms": [],
+                  "groups_ab_ms": [], "groups_ab_floor_ms": []} for cell in cells}
+    for _, eng in engines:                    # warm-up at every length: kernels compiled, memory pools grown
         for L, f in cells:
             eng.reset()
             eng.few_rows = f                  # read as each prompt chunk starts
@@ -104,7 +112,7 @@ def main():
             L, f = cell
             if f == fews[0]:
                 ids = rng.integers(0, c.n_vocab, L).tolist()      # every threshold runs the same prompt
-            for name, eng in (("quarter", eq), ("resident", er)):
+            for name, eng in (engines if r % 2 == 0 else engines[::-1]):   # alternate who goes first
                 eng.reset()
                 eng.few_rows = f
                 b0, w0 = eng.stats.streamed_bytes, eng.stats.sync_wait_s
@@ -117,6 +125,8 @@ def main():
                     res[cell]["streamed_mb"].append(nb / 1e6)
                     res[cell]["floor_ms"].append(nb / (bw * 1e9) * 1e3)
                     res[cell]["sync_ms"].append((eng.stats.sync_wait_s - w0) * 1e3)
+                elif name == "groups_ab":
+                    res[cell]["groups_ab_floor_ms"].append((eng.stats.streamed_bytes - b0) / (bw * 1e9) * 1e3)
             x = res[cell]
             log(f"round {r} {L} tokens, few rows {f}: quarter {x['quarter_ms'][-1]:.0f} ms (host blocked in routing "
                 f"syncs {x['sync_ms'][-1]:.0f} ms), resident {x['resident_ms'][-1]:.0f} ms, "
@@ -154,8 +164,9 @@ def main():
                                      "missed_mb_per_token": miss_bytes / 1e6, "cpu_frac": frac,
                                      "bound_tok_s": hbw * 1e9 / miss_bytes if miss_bytes else None}
     print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {slot / 2**20:.2f} MiB; "
-          f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, ring {eq.plan.ring}, loan "
-          f"{eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; medians of {a.rounds} rounds")
+          f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, groups of {eq.plan.group}, ring "
+          f"{eq.plan.ring}, loan {eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
+          f"medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
           f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5}")
     table = {}
@@ -170,6 +181,15 @@ def main():
                       "streamed_mb": statistics.median(res[cell]["streamed_mb"]), "loan_slots": loan}
         print(f"{L:7d} {fr:4d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} "
               f"{L / q * 1e3:8.0f} {table[key]['streamed_mb']:12.0f} {loan:5d}")
+    if a.groups_ab:
+        def ab(cell):
+            g, gf = (statistics.median(res[cell][k]) for k in ("groups_ab_ms", "groups_ab_floor_ms"))
+            q, qf = (statistics.median(res[cell][k]) for k in ("quarter_ms", "floor_ms"))
+            return f"{cell[0]}: {g:.1f} (x{g / gf:.2f}) vs {q:.1f} (x{q / qf:.2f})"
+
+        print(f"A/B, same rounds: the quarter cache planned with {a.groups_ab}-expert groups only (chunk "
+              f"{eg.plan.chunk}, ring {eg.plan.ring}) vs the plan's choice ({eq.plan.group}-expert groups, chunk "
+              f"{eq.plan.chunk}), ms (x its own floor): " + "; ".join(ab(cell) for cell in cells))
     for name, d in dec.items():
         b = d["bound_tok_s"]
         print(f"decode {name}: {d['tok_s']:.1f} tok/s; missed {d['missed_mb_per_token']:.0f} MB/token "

@@ -176,6 +176,30 @@ def test_a_prompt_borrows_only_what_it_lays_out():
 
 
 @pytest.mark.parametrize("kind", _devices())
+def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
+    """A prompt's launch groups dequantise at most plan.group experts (memplan.PROMPT_GROUPS: a tight loan takes a
+    smaller scratch for a larger chunk). An expert's rows never depend on the experts beside it in a launch, so
+    every group size gives the same bits, cached or streamed, on either walk (few_rows=0: every expert takes
+    the scratch)."""
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
+    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    outs = {}
+    for group in (16, 4, 1):
+        for cached, stream_min in ((n_pairs, None), (n_pairs // 2, None), (0, 0)):
+            dev = make_device(kind)
+            try:
+                outs[group, cached], eng = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=0,
+                                                prompt_groups=(group,), config=policy.Config(stream_min=stream_min))
+            finally:
+                dev.close()
+            assert eng.plan.group == group
+    base = outs[16, n_pairs]
+    for key, got in outs.items():
+        assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"group/residency {key} changed the bits"
+
+
+@pytest.mark.parametrize("kind", _devices())
 def test_few_row_experts_run_from_their_blobs(kind, prompts):
     """moe.FEW_ROWS: experts of at most `few_rows` rows skip the fp16 scratch (`expert_rows`), the rest take
     dequant + gemm_grouped. Each threshold keeps residency out of the bits (the path depends on the row count

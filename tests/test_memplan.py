@@ -12,7 +12,7 @@ import pytest
 from strata import quants
 from strata.policy import Config, Share, ShareMode
 from strata.accel.buffers import Carver, carve_prompt
-from strata.accel.memplan import GROUP, VramShortfall, plan_memory
+from strata.accel.memplan import VramShortfall, plan_memory
 from strata.models import arch_module
 from strata.synth.build import Synth
 from strata.synth.presets import PRESETS
@@ -88,7 +88,7 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
         # the engine's region: its own buffers (every expert fits), else the lent cache slots
         region = _Region(p.prompt_bytes if p.owned_prompt else p.loan_slots * p.slot_bytes)
         carver = Carver(_Dev(), region)
-        carve_prompt(m.cfg, p.chunk, n_ctx, GROUP, p.ring, p.slot_bytes, carver)   # asserts it fits
+        carve_prompt(m.cfg, p.chunk, n_ctx, p.group, p.ring, p.slot_bytes, carver)   # asserts it fits
         assert carver.used <= region.nbytes
         # each prompt borrows only its own layout and its walk's ring (policy.prompt_loan): that must fit too
         last = 0
@@ -98,7 +98,7 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
             last = loan
             if not p.owned_prompt:
                 carver = Carver(_Dev(), _Region(loan * p.slot_bytes))
-                carve_prompt(m.cfg, layout, n_ctx, GROUP, ring, p.slot_bytes, carver)
+                carve_prompt(m.cfg, layout, n_ctx, p.group, ring, p.slot_bytes, carver)
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
 
 
@@ -112,3 +112,28 @@ def test_budget_holding_gives_exactly_that_cache(preset):
         want = int(frac * m.cfg.n_layer * m.cfg.n_expert)
         p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget_holding(m, 8208, want))
         assert p.cache_slots == want and not p.owned_prompt
+
+
+def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
+    """The prompt's weight scratch (experts a launch group dequantises) competes with the chunk's rows for the
+    loan: with a quarter cache of qwen3-30b-a3b the 16-expert scratch leaves room for 256 tokens; the plan takes
+    the largest chunk over the scratch sizes (ties: the larger scratch), and the engine's carving of that group
+    size fits the loan."""
+    from strata.accel.memplan import PROMPT_GROUPS, budget_holding
+
+    m = _Header("qwen3-30b-a3b", 8)
+    budget = budget_holding(m, 8208, m.cfg.n_layer * m.cfg.n_expert // 4)
+    only16 = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(16,))
+    p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget)
+    assert only16.group == 16 and only16.chunk == 256
+    assert p.group in PROMPT_GROUPS and p.group < 16 and p.chunk >= 4 * only16.chunk
+    assert p.cache_slots == only16.cache_slots and p.loan_slots <= only16.loan_slots
+    carver = Carver(_Dev(), _Region(p.loan_slots * p.slot_bytes))
+    carve_prompt(m.cfg, p.chunk, 8208, p.group, p.ring, p.slot_bytes, carver)
+    # each size on its own plans the chunk the choice compares; no smaller scratch would plan a larger one
+    for g in PROMPT_GROUPS:
+        assert plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(g,)).chunk <= p.chunk
+    # where the 16-expert scratch already reaches the ceiling, it stays
+    half = budget_holding(m, 1000, m.cfg.n_layer * m.cfg.n_expert // 2)
+    roomy = plan_memory(m, 1 << 42, n_ctx=1000, vram_budget=half)
+    assert roomy.chunk == 768 and roomy.group == 16 and not roomy.owned_prompt

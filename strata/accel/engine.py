@@ -17,7 +17,7 @@ from strata.accel.arena import Arena
 from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps
-from strata.accel.memplan import GROUP, MAXT, MemoryPlan, plan_memory
+from strata.accel.memplan import GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
 from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
@@ -49,7 +49,8 @@ class GpuEngine:
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
-                 log=None, arena: Arena | None = None, pool=None, few_rows: int = FEW_ROWS):
+                 log=None, arena: Arena | None = None, pool=None, few_rows: int = FEW_ROWS,
+                 prompt_groups: tuple[int, ...] = PROMPT_GROUPS):
         self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
         self.config = config or policy.Config()
         self.log = log or (lambda s: None)
@@ -63,7 +64,7 @@ class GpuEngine:
                      + (f"; timer {ticks:.4f} ticks/ns" if ticks else ""))
         self.plan: MemoryPlan = plan_memory(model, dev.free_bytes(), n_ctx=n_ctx, vram_budget=vram_budget,
                                             reserve_mib=reserve_mib, expert_cache=expert_cache, chunk=chunk,
-                                            lend_pct=self.config.lend_pct)
+                                            lend_pct=self.config.lend_pct, groups=prompt_groups)
         for line in self.plan.lines():
             self.log(line)
         self.arena = arena or Arena(model, dev, log=log)          # engines of one model may share an arena
@@ -251,7 +252,7 @@ class GpuEngine:
         """One chunk through the borrowed region: buffers laid out for `layout` tokens, then `ring_slots`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, GROUP, ring_slots, p.slot_bytes, carver)
+        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, p.group, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         if self.cpu_block is not None and walk is WalkKind.ROUTED_ONLY:
@@ -350,7 +351,8 @@ class GpuEngine:
             sgroups, unrouted = self._stream_all_groups(layer, lay)
         elif walk is not None:       # routed-only: this layer's streamed experts in id order, 8 copies ahead
             # groups of 8 (4 in decode's 8-slot ring): one group's copies land while the group before computes
-            sgroups = self._groups(list(range(len(lay.streamed))), min(ROUTED_ONLY_RING, self._ring.n // 2))
+            sgroups = self._groups(list(range(len(lay.streamed))), min(ROUTED_ONLY_RING, self._ring.n // 2,
+                                                                      self._runner.bufs.group))
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
@@ -404,7 +406,8 @@ class GpuEngine:
         walk = self._walk
         routed = set(lay.streamed)
         rng = self._layer_entries.get(layer, range(0))
-        groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed], min(GROUP, self._ring.n // 2))
+        groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed],
+                              min(self._runner.bufs.group, self._ring.n // 2))
         last = {g[-1]: g for g in groups}
         unrouted, pending = {}, []
         for kq in rng:

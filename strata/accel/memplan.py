@@ -5,6 +5,7 @@ Fails early, saying the shortfall, rather than at the first prompt.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from strata import policy
@@ -16,7 +17,10 @@ from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots, ring_slots
 
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
-GROUP = 16                     # experts per launch group
+GROUP = 16                     # experts per launch group: decode's weight scratch, and a prompt's when room allows
+PROMPT_GROUPS = (16, 8, 4)     # a prompt's weight scratch, largest first: the plan takes the largest chunk, then
+                               # the largest group (fewer chunks stream each expert fewer times; a smaller scratch
+                               # only splits the launches)
 
 
 class VramShortfall(RuntimeError):
@@ -37,6 +41,7 @@ class MemoryPlan:
     prompt_bytes: int        # prompt buffers + ring
     owned_prompt: bool       # prompt buffers allocated beside the cache instead of borrowed from it
     request: LoanRequest | None = None   # what the loan planner was asked (None when the prompt owns its buffers)
+    group: int = GROUP       # experts a prompt launch group dequantises at most (its weight scratch)
 
     def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int]:
         """(layout chunk, ring slots, loan slots) of a prompt of `tokens`: its first chunk's walk sets the ring
@@ -53,7 +58,7 @@ class MemoryPlan:
         return [f"plan: budget {self.budget / MIB:,.0f} MiB = dense {self.dense / MIB:,.0f} + KV {self.kv / MIB:,.0f}"
                 f" + decode {self.decode / MIB:,.0f} + expert cache {self.cache_slots} x {self.slot_bytes / MIB:.2f}"
                 f" MiB" + (f" + prompt {self.prompt_bytes / MIB:,.0f} MiB" if self.owned_prompt else ""),
-                f"plan: prompt chunk {self.chunk} tokens, ring {self.ring} slots, "
+                f"plan: prompt chunk {self.chunk} tokens, ring {self.ring} slots, groups of {self.group} experts, "
                 + (f"borrows {self.loan_slots} cache slots ({self.loan_slots * self.slot_bytes / 2**30:.2f} GiB)"
                    if not self.owned_prompt else "own buffers (every expert fits)")]
 
@@ -63,7 +68,9 @@ def kv_bytes(cfg, n_ctx: int) -> int:
 
 
 def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = 700,
-                expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90) -> MemoryPlan:
+                expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90,
+                groups: tuple[int, ...] = PROMPT_GROUPS) -> MemoryPlan:
+    """groups: the prompt weight scratch sizes to try, largest first (the largest chunk wins, ties the largest)."""
     cfg = model.cfg
     budget = min(free_bytes, vram_budget if vram_budget else free_bytes) - reserve_mib * MIB
     slot = slot_bytes_for(model.max_blob_bytes())
@@ -82,26 +89,38 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
                             f"{-avail / MIB:,.0f} MiB short (lower --ctx, or raise --vram-budget)")
     ring = ring_budget_slots(slot)
 
-    def prompt_bytes(t: int) -> int:
-        return layout_bytes(cfg, t, GROUP, attn_scratch_bytes(cfg, t, n_ctx))
+    assert groups and all(g >= 1 for g in groups), groups
+
+    def prompt_bytes(t: int, group: int) -> int:
+        return layout_bytes(cfg, t, group, attn_scratch_bytes(cfg, t, n_ctx))
 
     # the cache asked for (all experts by default) and the prompt path's own buffers beside it: no loan needed
     want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs
-    own = prompt_bytes(ceiling) + ring * slot
+    own = prompt_bytes(ceiling, groups[0]) + ring * slot
     if avail >= want * slot + own:
         return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, want, ceiling, 0, ring, own,
-                          True)
+                          True, group=groups[0])
     slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
-    req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=prompt_bytes, ring=ring, lend_pct=lend_pct,
-                      ceiling=max(GRID, ceiling))
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
-    try:
-        cp = PLANNERS.get(kind)().plan(req)
-    except PlanError as e:
-        raise VramShortfall(f"{e}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
+    # the weight scratch competes with the chunk's rows for the loan: with a small cache a smaller scratch buys a
+    # chunk several times larger (a quarter cache of qwen3-30b-a3b: 256 tokens with 16, 1024 with 4)
+    best, err = None, None
+    for g in groups:
+        req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=functools.partial(prompt_bytes, group=g),
+                          ring=ring, lend_pct=lend_pct, ceiling=max(GRID, ceiling))
+        try:
+            cp = PLANNERS.get(kind)().plan(req)
+        except PlanError as e:
+            err = e                              # the last is the smallest scratch's: the least it needs
+            continue
+        if best is None or min(cp.chunk, ceiling) > min(best[2].chunk, ceiling):
+            best = (g, req, cp)
+    if best is None:
+        raise VramShortfall(f"{err}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
                             f"{budget / MIB:,.0f} MiB") from None
+    g, req, cp = best
     return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
-                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req)
+                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g)
 
 
 def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:
