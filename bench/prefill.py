@@ -168,19 +168,19 @@ def main():
           f"{eq.plan.ring}, loan {eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
           f"medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
-          f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5}")
+          f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5} {'group':>5}")
     table = {}
     for cell in cells:
         L, fr = cell
         q = statistics.median(res[cell]["quarter_ms"])
         f = statistics.median(res[cell]["floor_ms"])
         rr = statistics.median(res[cell]["resident_ms"])
-        loan = eq.plan.for_prompt(eq.config, eq.share, L)[2]       # what this prompt borrows of the cache
+        _, _, loan, grp = eq.plan.for_prompt(eq.config, eq.share, L)   # what this prompt borrows, its scratch
         key = L if len(fews) == 1 else f"{L}/{fr}"
         table[key] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr, "few_rows": fr,
-                      "streamed_mb": statistics.median(res[cell]["streamed_mb"]), "loan_slots": loan}
+                      "streamed_mb": statistics.median(res[cell]["streamed_mb"]), "loan_slots": loan, "group": grp}
         print(f"{L:7d} {fr:4d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} "
-              f"{L / q * 1e3:8.0f} {table[key]['streamed_mb']:12.0f} {loan:5d}")
+              f"{L / q * 1e3:8.0f} {table[key]['streamed_mb']:12.0f} {loan:5d} {grp:5d}")
     if a.groups_ab:
         def ab(cell):
             g, gf = (statistics.median(res[cell][k]) for k in ("groups_ab_ms", "groups_ab_floor_ms"))

@@ -165,7 +165,7 @@ def test_a_prompt_borrows_only_what_it_lays_out():
                 e.reset()
                 got.append(e.prefill(ids))
                 if budget is not None:
-                    layout, ring, loan = e.plan.for_prompt(e.config, e.share, len(ids))
+                    layout, ring, loan, _ = e.plan.for_prompt(e.config, e.share, len(ids))
                     assert e.stats.loan_slots == loan and e.cache.lent == 0
                     assert (layout, ring) == ((256, 16) if len(ids) < 256 else (e.plan.chunk, e.plan.ring))
                     assert (loan < e.plan.loan_slots) == (len(ids) < 256)

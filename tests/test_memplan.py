@@ -91,14 +91,14 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
         carve_prompt(m.cfg, p.chunk, n_ctx, p.group, p.ring, p.slot_bytes, carver)   # asserts it fits
         assert carver.used <= region.nbytes
         # each prompt borrows only its own layout and its walk's ring (policy.prompt_loan): that must fit too
-        last = 0
+        # (a prompt that lays out less, or walks a smaller ring, may take a larger weight scratch than the plan's,
+        # within the planned loan)
         for tokens in sorted({1, 250, 1000, p.chunk - 1, p.chunk, p.chunk + 1, n_ctx} - {0}):
-            layout, ring, loan = p.for_prompt(Config(), Share(ShareMode.OFF), tokens)
-            assert layout <= p.chunk and ring <= p.ring and last <= loan <= p.loan_slots
-            last = loan
+            layout, ring, loan, group = p.for_prompt(Config(), Share(ShareMode.OFF), tokens)
+            assert layout <= p.chunk and ring <= p.ring and loan <= p.loan_slots and group >= p.group
             if not p.owned_prompt:
                 carver = Carver(_Dev(), _Region(loan * p.slot_bytes))
-                carve_prompt(m.cfg, layout, n_ctx, p.group, ring, p.slot_bytes, carver)
+                carve_prompt(m.cfg, layout, n_ctx, group, ring, p.slot_bytes, carver)
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
 
 
@@ -130,6 +130,10 @@ def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     assert p.cache_slots == only16.cache_slots and p.loan_slots <= only16.loan_slots
     carver = Carver(_Dev(), _Region(p.loan_slots * p.slot_bytes))
     carve_prompt(m.cfg, p.chunk, 8208, p.group, p.ring, p.slot_bytes, carver)
+    # a 250-token prompt lays out 256 tokens: the 16-expert scratch fits the planned loan again
+    layout, ring, loan, group = p.for_prompt(Config(), Share(ShareMode.OFF), 250)
+    assert (layout, group) == (256, 16) and loan <= p.loan_slots
+    assert p.for_prompt(Config(), Share(ShareMode.OFF), 1000)[3] == p.group
     # each size on its own plans the chunk the choice compares; no smaller scratch would plan a larger one
     for g in PROMPT_GROUPS:
         assert plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(g,)).chunk <= p.chunk

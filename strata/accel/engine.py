@@ -169,14 +169,14 @@ class GpuEngine:
         tokens = list(tokens)
         self._fits(len(tokens))
         t0 = time.perf_counter()
-        layout, ring, loan = self.plan.for_prompt(self.config, self.share, len(tokens))
+        layout, ring, loan, group = self.plan.for_prompt(self.config, self.share, len(tokens))
         region = self._lend(loan)
         self.stats.loan_slots = loan
         try:
             out = []
             for i in range(0, len(tokens), self.plan.chunk):
                 part = tokens[i:i + self.plan.chunk]
-                out.append(self._prompt_chunk(part, region, layout, ring, all_logits))
+                out.append(self._prompt_chunk(part, region, layout, ring, group, all_logits))
         finally:
             self._give_back()
         self.stats.prompt_tokens += len(tokens)
@@ -248,11 +248,12 @@ class GpuEngine:
         ev.record(self.dev.compute)
         self.cache.restore(self.arena, ev)
 
-    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, all_logits):
-        """One chunk through the borrowed region: buffers laid out for `layout` tokens, then `ring_slots`."""
+    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, group: int, all_logits):
+        """One chunk through the borrowed region: buffers laid out for `layout` tokens and `group`-expert launch
+        groups, then `ring_slots`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, p.group, ring_slots, p.slot_bytes, carver)
+        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         if self.cpu_block is not None and walk is WalkKind.ROUTED_ONLY:

@@ -42,17 +42,26 @@ class MemoryPlan:
     owned_prompt: bool       # prompt buffers allocated beside the cache instead of borrowed from it
     request: LoanRequest | None = None   # what the loan planner was asked (None when the prompt owns its buffers)
     group: int = GROUP       # experts a prompt launch group dequantises at most (its weight scratch)
+    larger: tuple = ()       # (group, LoanRequest) of the larger scratches, largest first: a short prompt's layout
+                             # may fit one of them in the planned loan
 
-    def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int]:
-        """(layout chunk, ring slots, loan slots) of a prompt of `tokens`: its first chunk's walk sets the ring
-        (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
-        out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers."""
+    def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int, int]:
+        """(layout chunk, ring slots, loan slots, group) of a prompt of `tokens`: its first chunk's walk sets the
+        ring (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
+        out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers. A prompt shorter
+        than the chunk takes the largest weight scratch whose layout still fits the planned loan (fewer, fuller
+        launches: qwen3-30b-a3b's quarter cache at 250 tokens, groups of 16 against 4, prefill_q8_groups.log)."""
         first = min(self.chunk, tokens)
         ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))
         if self.owned_prompt:
-            return self.chunk, ring, 0
-        t, loan = prompt_loan(self.request, ChunkPlan(self.chunk, self.loan_slots, self.ring), tokens, ring)
-        return t, ring, loan
+            return self.chunk, ring, 0, self.group
+        plan = ChunkPlan(self.chunk, self.loan_slots, self.ring)
+        for g, req in self.larger:
+            t, loan = prompt_loan(req, plan, tokens, ring)
+            if loan <= self.loan_slots:
+                return t, ring, loan, g
+        t, loan = prompt_loan(self.request, plan, tokens, ring)
+        return t, ring, loan, self.group
 
     def lines(self) -> list[str]:
         return [f"plan: budget {self.budget / MIB:,.0f} MiB = dense {self.dense / MIB:,.0f} + KV {self.kv / MIB:,.0f}"
@@ -104,10 +113,11 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
     # the weight scratch competes with the chunk's rows for the loan: with a small cache a smaller scratch buys a
     # chunk several times larger (a quarter cache of qwen3-30b-a3b: 256 tokens with 16, 1024 with 4)
-    best, err = None, None
+    best, err, reqs = None, None, []
     for g in groups:
         req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=functools.partial(prompt_bytes, group=g),
                           ring=ring, lend_pct=lend_pct, ceiling=max(GRID, ceiling))
+        reqs.append((g, req))
         try:
             cp = PLANNERS.get(kind)().plan(req)
         except PlanError as e:
@@ -120,7 +130,8 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
                             f"{budget / MIB:,.0f} MiB") from None
     g, req, cp = best
     return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
-                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g)
+                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g,
+                      larger=tuple((h, r) for h, r in reqs if h > g))
 
 
 def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:
