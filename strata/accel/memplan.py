@@ -18,9 +18,10 @@ from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots, ring_slots
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
 GROUP = 16                     # experts per launch group: decode's weight scratch, and a prompt's when room allows
-PROMPT_GROUPS = (16, 8, 4)     # a prompt's weight scratch, largest first: the plan takes the largest chunk, then
-                               # the largest group (fewer chunks stream each expert fewer times; a smaller scratch
-                               # only splits the launches)
+PROMPT_GROUPS = (16, 8)        # a prompt's weight scratch, largest first: the plan takes the largest chunk, then
+                               # the largest group. Not 4: qwen3-30b-a3b's quarter cache then plans 1024-token
+                               # chunks that walk stream-all through a 24-slot ring in groups of 4, 1.2-1.3x slower
+                               # at 2K and 8K than 768-token chunks in groups of 8 (prefill_q8_groups_stop16.log)
 
 
 class VramShortfall(RuntimeError):
@@ -50,7 +51,8 @@ class MemoryPlan:
         ring (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
         out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers. A prompt shorter
         than the chunk takes the largest weight scratch whose layout still fits the planned loan (fewer, fuller
-        launches: qwen3-30b-a3b's quarter cache at 250 tokens, groups of 16 against 4, prefill_q8_groups.log)."""
+        launches: qwen3-30b-a3b's quarter cache at 250 tokens, 41.5 ms in groups of 16 against 48.2 in groups of 4,
+        prefill_q8_groups_stop16.log)."""
         first = min(self.chunk, tokens)
         ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))
         if self.owned_prompt:
@@ -112,7 +114,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
     # the weight scratch competes with the chunk's rows for the loan: with a small cache a smaller scratch buys a
-    # chunk several times larger (a quarter cache of qwen3-30b-a3b: 256 tokens with 16, 1024 with 4)
+    # chunk several times larger (a quarter cache of qwen3-30b-a3b at 8K context: 256 tokens with 16, 768 with 8)
     best, err, reqs = None, None, []
     for g in groups:
         req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=functools.partial(prompt_bytes, group=g),
