@@ -57,8 +57,9 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     from strata.policy import share_policy
 
     sm = sim_model_of(m)
-    # the pool's threads: its workers plus the thread that calls it (ExpertPool host=True)
-    mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers + 1, machine(machine_name).cpu.threads))
+    # the pool's threads: its workers alone (since stop 15 the share submits its batch and the engine thread takes no
+    # tiles: CpuBlock.launch -> ExpertPool.submit)
+    mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers, machine(machine_name).cpu.threads))
     if link_gbps:
         mach = dataclasses.replace(mach, link=dataclasses.replace(mach.link, h2d_gbps=link_gbps, h2d_curve=(),
                                                                   h2d_latency_us=link_copy_us))
