@@ -51,7 +51,7 @@ class MemoryPlan:
         ring (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
         out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers. A prompt shorter
         than the chunk takes the largest weight scratch whose layout still fits the planned loan (fewer, fuller
-        launches: qwen3-30b-a3b's quarter cache at 250 tokens, 41.5 ms in groups of 16 against 48.2 in groups of 4,
+        launches: qwen3-30b-a3b's quarter cache at 250 tokens, 42.4 ms in groups of 16 against 48.2 in groups of 4,
         prefill_q8_groups_stop16.log)."""
         first = min(self.chunk, tokens)
         ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))
