@@ -56,7 +56,7 @@ def _load(m, spec: str):
     table = {int(L): row for L, row in rep["table"].items()}
     lengths = sorted(table)
     names = list(next(iter(table.values())))
-    plan, n_ctx = _bench_plan(m, lengths)
+    plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
     with np.load(trace) as z:
         routing = TraceRouting(np.asarray(z["ids"], np.int64))
     return dict(table=table, lengths=lengths, names=names, plan=plan, n_ctx=n_ctx, routing=routing,

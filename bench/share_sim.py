@@ -104,14 +104,23 @@ def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
     return lines
 
 
-def _bench_plan(m, lengths):
-    """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula)."""
-    from strata.accel.memplan import budget_holding, plan_memory
+def _bench_plan(m, lengths, stored: dict | None = None):
+    """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula).
+    stored: the run's own {"chunk", "cache_slots"}; a run from before stop 16 planned a 16-expert weight scratch
+    only (memplan.PROMPT_GROUPS since), so that plan is recomputed when it is the one the run names."""
+    from strata.accel.memplan import PROMPT_GROUPS, budget_holding, plan_memory
 
     c = m.cfg
     n_ctx = max(lengths) + 16
     budget = budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
-    return plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget), n_ctx
+    plans = [plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget, groups=g) for g in (PROMPT_GROUPS, (16,))]
+    if stored is None:
+        return plans[0], n_ctx
+    for plan in plans:
+        if (plan.chunk, plan.cache_slots) == (stored["chunk"], stored["cache_slots"]):
+            return plan, n_ctx
+    raise ValueError(f"the recomputed plans {[(p.chunk, p.cache_slots) for p in plans]} (chunk, cache slots) are "
+                     f"not the bench's {stored}")
 
 
 def main():
@@ -135,10 +144,7 @@ def main():
         table = {int(L): row for L, row in rep["table"].items()}
         lengths = sorted(table)
         names = list(next(iter(table.values())))
-        plan, n_ctx = _bench_plan(m, lengths)
-        if "plan" in rep:
-            assert (plan.chunk, plan.cache_slots) == (rep["plan"]["chunk"], rep["plan"]["cache_slots"]), \
-                f"the recomputed plan ({plan.chunk}, {plan.cache_slots}) is not the bench's {rep['plan']}"
+        plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
         link = rep.get("link_gbps")
         pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "

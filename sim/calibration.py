@@ -31,7 +31,9 @@ class Calib:
     gpu_bw_eff: float  # fraction of memory bandwidth they reach
     gpu_kernels_per_expert: int  # launches per streamed expert (gate/up, swiglu, quantise, down)
     gpu_expert_us: float  # per expert outside the roofline: gather into group buffers, tiles
-    gpu_kernels_per_layer: int  # launches per layer outside the experts
+    gpu_kernels_per_layer: int  # launches per layer outside the experts (a decode step's graph)
+    dense_launches: int  # launches per layer of a prompt chunk outside the experts
+    gpu_dense_mm_eff: float  # fraction of the dense matrix rate a prompt chunk's projections and attention reach
     fp16_path_types: tuple[str, ...]  # types without an int8 (MMQ) instance: dequantise to FP16 + GEMM
     zipf_s: float  # routing: expert popularity ~ rank^-s per layer
     chunk_sigma: float  # routing: per-chunk lognormal spread of popularity (topic drift)

@@ -46,10 +46,10 @@ class Costs:
     def launch_us(self) -> float:
         return self.calib.launch_us[self.machine.gpu.api]
 
-    def _mm_us(self, flops: float, fp16: bool = False) -> float:
+    def _mm_us(self, flops: float, fp16: bool = False, eff: float | None = None) -> float:
         g = self.machine.gpu
         rate = g.fp16_tflops if fp16 or g.int8_tops == 0 else g.int8_tops
-        return flops / (rate * 1e6 * self.calib.gpu_mm_eff)
+        return flops / (rate * 1e6 * (self.calib.gpu_mm_eff if eff is None else eff))
 
     def _bw_us(self, nbytes: float) -> float:
         return nbytes / (self.machine.gpu.mem_gbps * 1e3 * self.calib.gpu_bw_eff)
@@ -78,8 +78,8 @@ class Costs:
         flops = 2.0 * t * self.model.dense_params() + 4.0 * t * cells * s.n_head * s.head_dim
         nbytes = self.model.dense_bytes() + 6.0 * t * s.n_embd * 4
         fixed, per_tok = self.extra_dense()
-        body = max(self._mm_us(flops, fp16=True), self._bw_us(nbytes))
-        return self.calib.gpu_kernels_per_layer * self.launch_us + body + fixed + per_tok * t
+        body = max(self._mm_us(flops, fp16=True, eff=self.calib.gpu_dense_mm_eff), self._bw_us(nbytes))
+        return self.calib.dense_launches * self.launch_us + body + fixed + per_tok * t
 
     def combine_us(self, t: int) -> float:
         return self.launch_us + self._bw_us(t * self.model.k * self.model.shape.n_embd * 4.0)
