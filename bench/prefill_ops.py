@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from strata.accel.device.base import Stream
+
 # table builders are host work that only stages a copy; everything else launches device work
 SKIP = {"upload", "upload_many", "expert_tables", "blob_table"}
 
@@ -37,7 +39,7 @@ class OpTimer:
     def _wrap(self, name, fn):
         def timed(*a, **kw):
             stream = kw.get("stream", a[-1] if a else None)
-            if not self.on or not hasattr(stream, "synchronize"):
+            if not self.on or not isinstance(stream, Stream):
                 return fn(*a, **kw)
             e0, e1 = self.dev.event(), self.dev.event()
             e0.record(stream)
