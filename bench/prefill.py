@@ -60,7 +60,7 @@ def main():
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
-    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.device.base import get_device
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
     from strata.accel.moe import FEW_ROWS
@@ -69,12 +69,7 @@ def main():
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
     c = m.cfg
-    if a.device == "host":
-        from strata.accel.device.host import HostDevice
-
-        dev = HostDevice()
-    else:
-        dev = CudaDevice()
+    dev = get_device(a.device)
     log = lambda s: print(s, file=sys.stderr)
     n_ctx = max(max(lengths), 64 + 2 * (a.rounds + 1) * a.decode) + 8
     budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))

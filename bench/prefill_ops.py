@@ -68,20 +68,14 @@ def main():
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
+    from strata.accel.device.base import get_device
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
 
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
     c = m.cfg
-    if a.device == "host":
-        from strata.accel.device.host import HostDevice
-
-        dev = HostDevice()
-    else:
-        from strata.accel.device.cuda import CudaDevice
-
-        dev = CudaDevice()
+    dev = get_device(a.device)
     n_ctx = max(lengths) + 8
     arena = Arena(m, dev)
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
