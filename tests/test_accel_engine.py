@@ -178,9 +178,12 @@ def test_a_prompt_borrows_only_what_it_lays_out():
 @pytest.mark.parametrize("kind", _devices())
 def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
     """A prompt's launch groups dequantise at most plan.group experts (memplan.PROMPT_GROUPS: a tight loan takes a
-    smaller scratch for a larger chunk). An expert's rows never depend on the experts beside it in a launch, so
-    every group size gives the same bits, cached or streamed, on either walk (few_rows=0: every expert takes
-    the scratch)."""
+    smaller scratch for a larger chunk): every prompt dequantisation writes at most that many experts' weights.
+    An expert's rows never depend on the experts beside it in a launch, so every group size gives the same bits,
+    cached or streamed, on either walk, and in the decode steps after it (few_rows=0: every expert takes the
+    scratch)."""
+    from strata.accel.engine import GpuEngine
+
     m = models.load(golden.model_path("tiny-qwen3moe"))
     ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
     n_pairs = m.cfg.n_layer * m.cfg.n_expert
@@ -189,11 +192,17 @@ def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
         for cached, stream_min in ((n_pairs, None), (n_pairs // 2, None), (0, 0)):
             dev = make_device(kind)
             try:
-                outs[group, cached], eng = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=0,
-                                                prompt_groups=(group,), config=policy.Config(stream_min=stream_min))
+                eng = GpuEngine(m, dev, n_ctx=len(ids) + 6, expert_cache=cached, few_rows=0,
+                                prompt_groups=(group,), config=policy.Config(stream_min=stream_min))
+                assert eng.plan.group == group
+                written, dequant = [], dev.k.dequant
+                dev.k.dequant = lambda out, *a, **kw: (written.append(out.shape[0]), dequant(out, *a, **kw))[1]
+                out = [eng.prefill(ids, all_logits=True)]
+                dev.k.dequant = dequant                 # decode's own buffers hold memplan.GROUP experts
+                outs[group, cached] = np.concatenate(out + [eng.decode([t]) for t in (5, 6)])
             finally:
                 dev.close()
-            assert eng.plan.group == group
+            assert written and max(written) <= group, (group, cached, sorted(set(written)))
     base = outs[16, n_pairs]
     for key, got in outs.items():
         assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"group/residency {key} changed the bits"
