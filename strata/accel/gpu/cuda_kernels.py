@@ -20,6 +20,7 @@ COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
 GEMM_DEFAULT = -1
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
+GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
@@ -202,7 +203,8 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         if self.gemm_kind == "simt":
             self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
         else:
-            self.fn["gemm_grouped_mma"]((n_tiles, -(-N // 64)), (128,), args, stream=stream.s)
+            assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the mma kernel copies A rows in 16-byte chunks"
+            self.fn["gemm_grouped_mma"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s)
 
     def swiglu(self, out, gu, f, stream):
         R = out.shape[0]

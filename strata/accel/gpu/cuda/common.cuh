@@ -46,3 +46,17 @@ __device__ __forceinline__ void warp_stage(unsigned char* st, const unsigned cha
     for (int i = i0 + lane; i < n; i += 32) st[i] = src[i];
     __syncwarp();
 }
+
+// One warp step along a quantised weight row of type Q: stage the row's blocks b0 .. b0 + 32/PPB - 1 (no further
+// than block RB - 1) into the warp's stage st, then dequantise this lane's part exactly (Q::dq_part) into v.
+// False for lanes past the row's end. The caller __syncwarp()s before the next step restages st.
+template <class Q>
+__device__ __forceinline__ bool stage_row_part(unsigned char* st, const unsigned char* row, int b0, int RB, int lane,
+                                               float* v) {
+    constexpr int PPB = Q::QK / Q::PART;  // parts per block
+    const int nb = min(32 / PPB, RB - b0);
+    warp_stage(st, row + (long long)b0 * Q::SIZE, nb * Q::SIZE, lane);
+    if (lane >= nb * PPB) return false;
+    Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
+    return true;
+}

@@ -39,12 +39,8 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
         const uint8_t* row = W + n * row_bytes;
         float acc = 0.f;
         for (int b0 = 0; b0 < RB; b0 += BPS) {
-            const int nb = min(BPS, RB - b0), nbytes = nb * Q::SIZE;
-            const uint8_t* src = row + (long long)b0 * Q::SIZE;
-            warp_stage(st, src, nbytes, lane);
-            if (lane < nb * PPB) {
-                float v[Q::PART];
-                Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
+            float v[Q::PART];
+            if (stage_row_part<Q>(st, row, b0, RB, lane, v)) {
                 const float* xv = xs + XS(b0 * Q::QK + lane * Q::PART);     // a part never crosses a pad
                 STRATA_UNROLL
                 for (int i = 0; i < Q::PART; ++i) acc = fmaf(h2f(f2h(v[i])), xv[i], acc);

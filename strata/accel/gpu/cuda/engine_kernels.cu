@@ -3,100 +3,62 @@
 // Shared helpers (fp16 conversion, block_sum): common.cuh, flattened in by strata.accel.gpu.dequant's loader.
 
 #include "common.cuh"
+#include "mma.cuh"
 
 // ---- grouped GEMM on tensor cores ---------------------------------------------------------------------------
 // For each tile (g, r0, r1): C[r0:r1, :N] = A[r0:r1, :Kd] · W[g]^T, A fp16 [R, Kd] (lda), W fp16 [G, N, Kd],
-// C fp32 (ldc). 128 threads = 4 warps, block tile 64x64, k step 32; each warp a 32x32 tile of m16n8k16 MMAs.
-// Each output is one fixed-order sum over k: the result depends only on its rows and W[g] (residency-invariant).
-#define BM 64
-#define BN 64
-#define BK 32
-#define PAD 8
+// C fp32 (ldc). 128 threads = 4 warps (2 x 2), block tile 64x128, k step 32 in a 3-stage cp.async pipeline
+// (one barrier a step); each warp a 32x64 tile of m16n8k16 MMAs whose fragments come by ldmatrix.
+// Each output is one fixed-order sum: the MMAs of its row and column in ascending k16 steps, whatever the tile
+// or the launch, so the result depends only on its rows and W[g] (residency-invariant). Neither the tile shape
+// nor the pipeline enters the arithmetic: stop 16's 64x64 register-prefetch kernel gave the same bits
+// (bench/gemm_kernel.py checks it on the device).
 
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-extern "C" __global__ void gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda, const half_t* W,
-                                            const int* tiles, int N, int Kd) {
-    __shared__ __align__(16) half_t As[BM][BK + PAD];
-    __shared__ __align__(16) half_t Bs[BN][BK + PAD];
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda,
+                                                                   const half_t* W, const int* tiles, int N,
+                                                                   int Kd) {
+    __shared__ __align__(16) half_t As[STAGES][BM][LDS];
+    __shared__ __align__(16) half_t Bs[STAGES][BN][LDS];
     const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
     const int n0 = blockIdx.y * BN;
     const half_t* Wg = W + (long long)g * N * Kd;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    float acc[2][4][4];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
+    // W loads: a stage is BN rows of 4 16-byte chunks; thread tid takes chunk tid & 3 of rows tid >> 2 (+32, +64,
+    // +96). Rows past N load zeros.
+    const ALoader al(A, lda, r0, r1, tid);
+    const int lr = tid >> 2, lc = (tid & 3) * 8;
+    const half_t* bsrc[4];
+    bool bok[4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-    // each thread loads 16 halves of A and 16 of W per k step: row = tid / 2, cols (tid % 2) * 16 .. + 15;
-    // the next step's tile is fetched into registers while the MMAs run on the current one in shared memory
-    const int lr = tid >> 1, lc = (tid & 1) * 16;
-    const int ra = r0 + lr, nb = n0 + lr;
-    const bool a_ok = ra < r1, b_ok = nb < N;
-    const uint4* asrc = (const uint4*)(A + (long long)(a_ok ? ra : r0) * lda + lc);
-    const uint4* bsrc = (const uint4*)(Wg + (long long)(b_ok ? nb : 0) * Kd + lc);
-    const uint4 z = make_uint4(0, 0, 0, 0);
-    uint4 pa0 = a_ok ? asrc[0] : z, pa1 = a_ok ? asrc[1] : z;
-    uint4 pb0 = b_ok ? bsrc[0] : z, pb1 = b_ok ? bsrc[1] : z;
-    for (int k0 = 0; k0 < Kd; k0 += BK) {
-        ((uint4*)&As[lr][lc])[0] = pa0;
-        ((uint4*)&As[lr][lc])[1] = pa1;
-        ((uint4*)&Bs[lr][lc])[0] = pb0;
-        ((uint4*)&Bs[lr][lc])[1] = pb1;
-        __syncthreads();
-        if (k0 + BK < Kd) {
-            const int step = (k0 + BK) / 8;        // uint4 = 8 halves
-            pa0 = a_ok ? asrc[step] : z;
-            pa1 = a_ok ? asrc[step + 1] : z;
-            pb0 = b_ok ? bsrc[step] : z;
-            pb1 = b_ok ? bsrc[step + 1] : z;
-        }
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            u32 a[2][4], b[4][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int r = wm + i * 16 + gid, c = kk + t4 * 2;
-                a[i][0] = *(const u32*)&As[r][c];
-                a[i][1] = *(const u32*)&As[r + 8][c];
-                a[i][2] = *(const u32*)&As[r][c + 8];
-                a[i][3] = *(const u32*)&As[r + 8][c + 8];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int n = wn + j * 8 + gid, c = kk + t4 * 2;
-                b[j][0] = *(const u32*)&Bs[n][c];
-                b[j][1] = *(const u32*)&Bs[n][c + 8];
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) mma16816(acc[i][j], a[i], b[j]);
-        }
-        __syncthreads();
+    for (int i = 0; i < 4; i++) {
+        const int n = n0 + lr + 32 * i;
+        bok[i] = n < N;
+        bsrc[i] = Wg + (long long)(bok[i] ? n : 0) * Kd + lc;
     }
+    const int nk = Kd / BK;
+    auto load = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        al.load(As[stage], k0);
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 4; i++) cp_async16(&Bs[stage][lr + 32 * i][lc], bsrc[i] + k0, bok[i]);
+    };
+    float acc[2][8][4];
+    zero_acc(acc);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + wn + j * 8 + t4 * 2;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = r0 + wm + i * 16 + gid + h * 8;
-                if (r < r1) {
-                    if (n < N) C[(long long)r * ldc + n] = acc[i][j][2 * h];
-                    if (n + 1 < N) C[(long long)r * ldc + n + 1] = acc[i][j][2 * h + 1];
-                }
-            }
-        }
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_stage();
+        __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
+        if (kt + STAGES - 1 < nk) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_async_commit();
+        mma_step(acc, As[kt % STAGES], Bs[kt % STAGES], wm, wn, lane);
+    }
+    cp_async_wait_all();
+    store_acc(C, ldc, acc, r0 + wm, r1, n0 + wn, N, lane);
 }
 
 // The same product on plain fp32 cores (STRATA_GEMM=simt): a fallback and a cross-check of the MMA kernel.

@@ -60,12 +60,8 @@ __device__ __forceinline__ void expert_rows(float* out, int ldo, const half_t* A
         STRATA_UNROLL
         for (int r = 0; r < ER_RT; ++r) acc[r] = 0.f;
         for (int b0 = 0; b0 < RB; b0 += BPS) {
-            const int nb = min(BPS, RB - b0), nbytes = nb * Q::SIZE;
-            const uint8_t* src = row + (long long)b0 * Q::SIZE;
-            warp_stage(st, src, nbytes, lane);
-            if (lane < nb * PPB) {
-                float v[Q::PART];
-                Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
+            float v[Q::PART];
+            if (stage_row_part<Q>(st, row, b0, RB, lane, v)) {
                 STRATA_UNROLL
                 for (int i = 0; i < Q::PART; ++i) v[i] = h2f(f2h(v[i]));   // the fp16 weight (SPEC §2)
                 const half_t* x = a0 + b0 * Q::QK + lane * Q::PART;

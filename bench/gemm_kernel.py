@@ -1,0 +1,117 @@
+"""The prompt experts' grouped GEMM (`gemm_grouped_mma`) alone: throughput on the expert shapes of the two bench
+models, and its bits and speed against the kernel of another git revision, timed in the same interleaved rounds.
+
+python bench/gemm_kernel.py [--rows 8,32,56,128,512] [--experts 64] [--rounds 5] [--against REV|FILE]
+
+Each case is one launch over `--experts` experts with the same number of rows each (the tiles moe.py makes),
+fp16 inputs, fp32 outputs. TFLOPS counts the useful products only (2·R·N·Kd). With --against, REV's
+engine_kernels.cu is compiled beside this tree's (its own BN read from the source) and both run on the same
+inputs in alternating order; `bits` says whether every output is identical. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from strata.accel.gpu import dequant as dq
+from strata.accel.moe import _tiles
+
+ROOT = Path(__file__).resolve().parents[1]
+# (label, N, Kd): gate|up and down of qwen3-30b-a3b (D 2048, F 768) and flash-shape (D 2560, F 640)
+SHAPES = (("qwen3 gate|up", 1536, 2048), ("qwen3 down", 2048, 768),
+          ("flash gate|up", 1280, 2560), ("flash down", 2560, 640))
+
+
+def _source_at(rev: str) -> str:
+    """engine_kernels.cu of git revision `rev` with its local headers inlined from the same revision; or, where
+    `rev` names a file, that file (a source already flattened, for a machine without the repository's history)."""
+    if Path(rev).is_file():
+        return Path(rev).read_text()
+    seen: set[str] = set()
+
+    def flat(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = subprocess.run(["git", "show", f"{rev}:strata/accel/gpu/cuda/{name}"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.replace("#pragma once\n", "")
+        return re.sub(r'^#include "([^"]+)"\s*$', lambda m: flat(m.group(1)), text, flags=re.M)
+
+    return flat("engine_kernels.cu")
+
+
+class Kernel:
+    def __init__(self, cp, code: str, name: str):
+        self.name = name
+        self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function("gemm_grouped_mma")
+        self.bn = int(re.search(r"^#define BN (\d+)", code, re.M).group(1))
+
+    def __call__(self, out, a, w, tiles, n_tiles, stream):
+        N, Kd = w.shape[1], w.shape[2]
+        self.fn((n_tiles, -(-N // self.bn)), (128,), (out, np.int32(out.shape[1]), a, np.int32(a.shape[1]), w,
+                                                      tiles, np.int32(N), np.int32(Kd)), stream=stream)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="8,32,56,128,512", help="rows per expert, comma-separated")
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10, help="launches per timing")
+    ap.add_argument("--against", help="a git revision (or a flattened .cu file) whose gemm_grouped_mma runs "
+                                       "beside this tree's")
+    args = ap.parse_args(argv)
+    print(f"# python bench/gemm_kernel.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    import cupy as cp
+
+    kernels = [Kernel(cp, dq.source("engine_kernels.cu"), "this tree")]
+    if args.against:
+        kernels.append(Kernel(cp, _source_at(args.against), args.against))
+    print(f"# {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {args.experts} experts a launch, "
+          f"median of {args.rounds} rounds of {args.reps} launches, kernels alternating by round")
+    head = "| shape | rows/expert | " + " | ".join(f"{k.name} ms (TFLOPS)" for k in kernels)
+    print(head + (" | ratio | bits |" if len(kernels) > 1 else " |"))
+    stream = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng(0)
+    for label, N, Kd in SHAPES:
+        w = cp.asarray((rng.standard_normal((args.experts, N, Kd)) / 32).astype(np.float16))
+        for rows in (int(r) for r in args.rows.split(",")):
+            R = rows * args.experts
+            a = cp.asarray(rng.standard_normal((R, Kd)).astype(np.float16))
+            t = _tiles(np.arange(args.experts, dtype=np.int64) * rows, np.full(args.experts, rows, np.int64))
+            tiles = cp.asarray(t)
+            outs = [cp.full((R, N), np.nan, np.float32) for _ in kernels]
+            times: list[list[float]] = [[] for _ in kernels]
+            for rnd in range(args.rounds + 1):                      # round 0 warms up
+                order = range(len(kernels)) if rnd % 2 == 0 else reversed(range(len(kernels)))
+                for i in order:
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record(stream)
+                    for _ in range(args.reps):
+                        kernels[i](outs[i], a, w, tiles, len(t), stream)
+                    e1.record(stream)
+                    e1.synchronize()
+                    if rnd:
+                        times[i].append(cp.cuda.get_elapsed_time(e0, e1) / args.reps)
+            flops = 2.0 * R * N * Kd
+            ms = [statistics.median(x) for x in times]
+            cells = [f"{m:.3f} ({flops / m / 1e9:.0f})" for m in ms]
+            line = f"| {label} | {rows} | " + " | ".join(cells)
+            if len(kernels) > 1:
+                same = bool(cp.array_equal(outs[0], outs[1]))
+                line += f" | {ms[1] / ms[0]:.2f}x | {'same' if same else 'DIFFER'} |"
+            else:
+                line += " |"
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
