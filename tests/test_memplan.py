@@ -116,17 +116,17 @@ def test_budget_holding_gives_exactly_that_cache(preset):
 
 def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     """The prompt's weight scratch (experts a launch group dequantises) competes with the chunk's rows for the
-    loan: with a quarter cache of qwen3-30b-a3b the 16-expert scratch leaves room for 256 tokens, the 8-expert one
-    for 768; the plan takes the largest chunk over the scratch sizes (ties: the larger scratch), and the engine's
-    carving of that group size fits the loan."""
+    loan: with a quarter cache of qwen3-30b-a3b the 16-expert scratch leaves room for 768 tokens, the 8-expert one
+    for 1,280 (head size 128: the one-pass attention needs no score buffers); the plan takes the largest chunk over
+    the scratch sizes (ties: the larger scratch), and the engine's carving of that group size fits the loan."""
     from strata.accel.memplan import PROMPT_GROUPS, budget_holding
 
     m = _Header("qwen3-30b-a3b", 8)
     budget = budget_holding(m, 8208, m.cfg.n_layer * m.cfg.n_expert // 4)
     only16 = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(16,))
     p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget)
-    assert only16.group == 16 and only16.chunk == 256
-    assert p.group in PROMPT_GROUPS and p.group < 16 and p.chunk >= 3 * only16.chunk
+    assert only16.group == 16 and only16.chunk == 768
+    assert p.group in PROMPT_GROUPS and p.group < 16 and p.chunk >= 1.5 * only16.chunk
     assert p.cache_slots == only16.cache_slots and p.loan_slots <= only16.loan_slots
     carver = Carver(_Dev(), _Region(p.loan_slots * p.slot_bytes))
     carve_prompt(m.cfg, p.chunk, 8208, p.group, p.ring, p.slot_bytes, carver)

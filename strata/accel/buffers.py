@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
+
 ALIGN = 256
 
 
@@ -78,7 +80,10 @@ ATTN_SCRATCH_TARGET = 64 << 20
 
 def attn_scratch_bytes(cfg, cap: int, n_ctx: int) -> int:
     """Score buffers of the blocked attention: H heads of fp32 scores + fp16 probabilities (+ the permuted q
-    and o) for as many queries a block as fit 64 MiB over a full context (at most 128, at least one)."""
+    and o) for as many queries a block as fit 64 MiB over a full context (at most 128, at least one). None for
+    the head sizes whose attention keeps its scores in registers: those 64 MiB go to the prompt's chunk."""
+    if cfg.head_dim in ONE_PASS_HEAD_DIMS:
+        return 0
     per_q = cfg.n_head * (6 * n_ctx + 6 * cfg.head_dim) + 1024
     return max(1, min(cap, 128, ATTN_SCRATCH_TARGET // per_q)) * per_q + 4096
 

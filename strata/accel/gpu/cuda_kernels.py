@@ -12,7 +12,7 @@ import numpy as np
 
 from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
-from strata.accel.gpu.kernels import BlobRef, Kernels
+from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, BlobRef, Kernels
 
 OP_N, OP_T = 0, 1                   # cublasOperation_t
 R_16F, R_32F = 2, 0                 # cudaDataType
@@ -21,6 +21,7 @@ GEMM_DEFAULT = -1
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
 GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
+FLASH_HD, FLASH_ROWS = ONE_PASS_HEAD_DIMS, 64   # head sizes attn_kernels.cu is built for; query rows a block
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
@@ -79,6 +80,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
+        self._afn = None                                         # attn_kernels.cu, compiled on first use
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
@@ -285,6 +287,22 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                             stream=stream.s)
 
     def attention(self, out, q, kc, vc, pos0, scratch, stream):
+        """One pass over the keys with scores in registers (attn_kernels.cu) for head sizes FLASH_HD; else
+        query blocks through cuBLAS with their scores in `scratch`."""
+        T, H, hd = q.shape
+        if hd not in FLASH_HD:
+            return self._attention_blocked(out, q, kc, vc, pos0, scratch, stream)
+        assert q.flags.c_contiguous and out.flags.c_contiguous and kc.flags.c_contiguous and vc.flags.c_contiguous
+        Hkv = kc.shape[1]
+        if self._afn is None:
+            mod = self.cp.RawModule(code=dq.source("attn_kernels.cu"), options=("--std=c++17",))
+            self._afn = {d: mod.get_function(f"flash_attention_{d}") for d in FLASH_HD}
+        M = T * (H // Hkv)
+        self._afn[hd]((-(-M // FLASH_ROWS), Hkv), (128,), (out, q, kc, vc, np.int32(T), np.int32(H), np.int32(Hkv),
+                                                          np.int32(pos0), np.float32(1.0 / np.sqrt(hd))),
+                      stream=stream.s)
+
+    def _attention_blocked(self, out, q, kc, vc, pos0, scratch, stream):
         """Query blocks through cuBLAS: scores = Q·Kᵀ per kv head (its g query heads as rows), masked softmax,
         P·V, each block sized so its score buffers fit `scratch`."""
         cb = self.cublas

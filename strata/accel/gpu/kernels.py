@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Head sizes whose prompt attention keeps its scores in registers (CUDA: attn_kernels.cu; the host twin keeps
+# none): those need no score buffers in the step's memory (buffers.attn_scratch_bytes).
+ONE_PASS_HEAD_DIMS = (64, 128)
+
 
 @dataclass(frozen=True, slots=True)
 class BlobRef:
@@ -133,8 +137,10 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def attention(self, out, q, kc, vc, pos0: int, scratch, stream) -> None:
-        """Causal GQA: out f32 [T, H·hd]; query t (position pos0+t) attends to cache rows 0..pos0+t.
-        `scratch` (uint8 device array) bounds the score buffers; queries are taken in blocks that fit it."""
+        """Causal GQA: out f32 [T, H·hd]; query t (position pos0+t) attends to cache rows 0..pos0+t. fp16 q, k,
+        v and probabilities, fp32 scores and sums (where the probabilities are rounded is the kernel's own).
+        `scratch` (uint8 device array) bounds the score buffers of a kernel that keeps them in memory (CUDA's
+        blocked path, for head sizes its one-pass kernel is not built for)."""
 
     @abc.abstractmethod
     def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:

@@ -97,8 +97,9 @@ extern "C" __global__ void kv_store_at(half_t* kc, half_t* vc, const float* k, c
 }
 
 // out fp32 [H·hd] for the query q fp32 [H, hd] at position pos[0], keys 0..pos[0]; sc fp32 [H, ld_sc] scratch.
-// One block per head. The prompt path's arithmetic (attention: attn_qperm, cuBLAS, attn_softmax): fp16 q and
-// k, fp32 scores scaled in the softmax, weights rounded to fp16, fp32 sums over fp16 v.
+// One block per head. The prompt path's arithmetic (attention: attn_kernels.cu, or attn_qperm, cuBLAS and
+// attn_softmax): fp16 q and k, fp32 scores scaled in the softmax, weights normalised then rounded to fp16, fp32
+// sums over fp16 v.
 extern "C" __global__ void attn_decode(float* out, const float* q, const half_t* kc, const half_t* vc,
                                        const int* pos, float* sc, int ld_sc, int H, int Hkv, int hd, float scale) {
     __shared__ float sh[33];

@@ -35,6 +35,13 @@ __device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
                  : "r"(smem_addr(p)));
 }
 
+// the same with each 8x8 matrix transposed: B fragments of a row-major [k][n] tile (attention's V)
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 // The A operand's loader: a stage is the tile's BM rows x BK halves in 16-byte chunks by cp.async; thread tid
 // takes chunk tid & 3 of rows tid >> 2 and tid >> 2 + 32. Rows past r1 load zeros (and read nothing).
 struct ALoader {
