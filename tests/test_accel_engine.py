@@ -175,6 +175,33 @@ def test_a_prompt_borrows_only_what_it_lays_out():
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_a_wasteful_stream_all_walk_gives_way_to_the_routed_only_walk():
+    """policy.StreamWaste (ours): 2-token chunks of tiny-qwen3moe (8 experts, top-2) leave most of a stream-all
+    queue unrouted, so after the first stream-all chunk the chunks take the routed-only walk, one in 8 probing
+    stream-all again; the walk never changes the bits (against routed-only throughout), and one line says so."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+    from strata.policy.stream import STREAM_ALL_PROBE
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    half = m.cfg.n_layer * m.cfg.n_expert // 2
+    ids = list(range(5, 25))
+    outs, walks, logs = {}, {}, []
+    for name, cfg in (("stream_min 0", policy.Config(stream_min=0)), ("routed-only", policy.Config(ring=8))):
+        dev = HostDevice()
+        try:
+            e = GpuEngine(m, dev, n_ctx=64, expert_cache=half, chunk=2, config=cfg, log=logs.append)
+            outs[name] = e.prefill(ids, all_logits=True)
+            walks[name] = [w for _, w, _ in e.stats.chunks]
+        finally:
+            dev.close()
+    assert walks["stream_min 0"] == (["stream-all"] + ["routed-only"] * (STREAM_ALL_PROBE - 1) + ["stream-all",
+                                                                                                  "routed-only"])
+    assert walks["routed-only"] == ["routed-only"] * 10
+    assert np.array_equal(outs["stream_min 0"].view(np.uint32), outs["routed-only"].view(np.uint32))
+    assert sum(line.startswith("walk: the last stream-all chunk streamed") for line in logs) == 1, logs
+
+
 @pytest.mark.parametrize("kind", _devices())
 def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
     """A prompt's launch groups dequantise at most plan.group experts (memplan.PROMPT_GROUPS: a tight loan takes a

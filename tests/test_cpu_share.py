@@ -155,3 +155,22 @@ def test_a_stream_waited_share_ends_each_layer_for_the_policy_in_order(kind, poo
     assert [c[:2] for c in calls] == [x for layer in range(n) for x in (("begin", layer), ("end", layer))]
     shared = [c for c in calls if c[0] == "end" and c[2] > 0]
     assert shared and all(c[3] > 0 for c in shared), "a shared layer ended without its CPU time"
+
+
+def test_a_chunk_kept_off_stream_all_does_not_share(pool):
+    """policy.StreamWaste may send a chunk that SPEC §3 gives the stream-all walk down the routed-only walk; the CPU
+    share still takes only the chunks SPEC §4 gives it (those below stream_all_min). stream_min=0: every chunk is a
+    stream-all chunk by SPEC §3, so a fixed share takes nothing, though most chunks walk routed-only."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    dev = HostDevice()
+    try:
+        e = GpuEngine(m, dev, n_ctx=64, expert_cache=0, chunk=2, pool=pool,
+                      config=policy.Config(cpu_share=0.6, stream_min=0))
+        e.prefill(list(range(5, 25)))
+        walks = [w for _, w, _ in e.stats.chunks]
+    finally:
+        dev.close()
+    assert "routed-only" in walks and e.cpu_block.stats["cpu_experts"] == 0, (walks, e.cpu_block.stats)

@@ -3,6 +3,7 @@
 from strata.policy import (
     Config,
     ShareMode,
+    StreamWaste,
     Walk,
     ring_budget_slots,
     ring_slots,
@@ -54,3 +55,21 @@ def test_orders():
     assert routed_only_order(cnt, res) == [2, 4, 5]
     assert routed_only_order(cnt, res, on_cpu=[5, 2]) == [4]
     assert stream_all_queue([[True, False, False], [False, True, True]]) == [(0, 1), (0, 2), (1, 0)]
+
+
+def test_stream_waste_keeps_chunks_off_a_wasteful_stream_all():
+    """ours: a chunk takes the stream-all walk while the last stream-all chunk left at most 25% of its queue
+    unrouted; refused, one chunk in 8 takes it again to re-measure."""
+    from strata.policy.stream import STREAM_ALL_PROBE, STREAM_ALL_WASTE_MAX
+
+    w = StreamWaste()
+    assert w.admit() and w.admit()                       # nothing measured: SPEC §3's walk
+    w.note(100, int(100 * STREAM_ALL_WASTE_MAX))          # at the limit: still admitted
+    assert w.admit()
+    w.note(100, 60)
+    got = [w.admit() for _ in range(2 * STREAM_ALL_PROBE)]
+    assert got == ([False] * (STREAM_ALL_PROBE - 1) + [True]) * 2
+    w.note(100, 5)                                       # the probe found the routing dense again
+    assert all(w.admit() for _ in range(3))
+    w.note(0, 0)                                         # an empty queue says nothing
+    assert w.waste == 0.05

@@ -22,7 +22,8 @@ from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
-from strata.policy.stream import ROUTED_ONLY_RING, Walk as WalkKind, stream_all_queue, walk_for
+from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_WASTE_MAX, StreamWaste,
+                                  Walk as WalkKind, stream_all_queue, walk_for)
 
 
 @dataclass
@@ -104,6 +105,9 @@ class GpuEngine:
         self.sync_ev = dev.event()
         self.pos = 0
         self.n_chunks = 0                 # steps run (a routing trace's chunk index)
+        self.stream_waste = StreamWaste()   # may a chunk take the stream-all walk (policy.stream, ours)
+        self._unrouted = 0                  # this stream-all chunk's unrouted queue entries
+        self._shareable = False             # this prompt chunk may share experts with the CPU pool (SPEC §4)
         self.on_routing = None            # (layer, ids [T, K]) after each routing sync: --dump-routing
         self.stats = Stats()
         self._walk: Walk | None = None
@@ -256,13 +260,18 @@ class GpuEngine:
         bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
-        if self.cpu_block is not None and walk is WalkKind.ROUTED_ONLY:
+        # the CPU share stays with the chunks SPEC §4 gives it: those SPEC §3 sends down the routed-only walk
+        self._shareable = walk is WalkKind.ROUTED_ONLY
+        if walk is WalkKind.STREAM_ALL and not self.stream_waste.admit():
+            walk = WalkKind.ROUTED_ONLY        # the last stream-all chunk streamed mostly unrouted experts
+        if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
         self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
         self._ring, self._walk = ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
             self._walk = Walk(ring, self.arena, queue, threaded=True)
+            self._unrouted = 0
             self._layer_entries = {}
             for kq, (l, _) in enumerate(queue):
                 r = self._layer_entries.get(l)
@@ -272,11 +281,24 @@ class GpuEngine:
         finally:
             if self._walk is not None:
                 self._walk.close()
+                self._note_waste(len(self._walk.entries), self._unrouted)
                 self._walk = None
         self.stats.streamed_bytes += ring.bytes_in
         self.stats.streamed_experts += ring.copies
         self.stats.chunks.append((len(tokens), walk.value, ring.copies))
         return logits
+
+    def _note_waste(self, entries: int, unrouted: int) -> None:
+        """A stream-all chunk ended: record its unrouted share; say so when that turns the walk choice."""
+        sw = self.stream_waste
+        before = sw.waste is None or sw.waste <= STREAM_ALL_WASTE_MAX
+        sw.note(entries, unrouted)
+        after = sw.waste is None or sw.waste <= STREAM_ALL_WASTE_MAX
+        if before != after:
+            self.log(f"walk: the last stream-all chunk streamed {unrouted} of {entries} experts unrouted "
+                     f"({100 * sw.waste:.0f}%): " + ("chunks take the stream-all walk again" if after else
+                                                     f"chunks take the routed-only walk (one in "
+                                                     f"{STREAM_ALL_PROBE} re-measures)"))
 
     def _step(self, tokens, bufs, all_logits: bool, decode: bool) -> np.ndarray:
         T = len(tokens)
@@ -303,7 +325,7 @@ class GpuEngine:
         bufs = self._runner.bufs
         cb = self.cpu_block
         # the CPU share: routed-only walk of a prompt chunk, pool present (SPEC §4); decode misses (SPEC §8)
-        share_layer = cb is not None and not self._decode and self._walk is None and self.share.on
+        share_layer = cb is not None and not self._decode and self._shareable and self.share.on
         arm = False
         if share_layer:
             arm = cb.begin_layer(layer, h, s)
@@ -407,8 +429,9 @@ class GpuEngine:
         walk = self._walk
         routed = set(lay.streamed)
         rng = self._layer_entries.get(layer, range(0))
-        groups = self._groups([kq for kq in rng if walk.entries[kq][1] in routed],
-                              min(self._runner.bufs.group, self._ring.n // 2))
+        kept = [kq for kq in rng if walk.entries[kq][1] in routed]
+        self._unrouted += len(rng) - len(kept)
+        groups = self._groups(kept, min(self._runner.bufs.group, self._ring.n // 2))
         last = {g[-1]: g for g in groups}
         unrouted, pending = {}, []
         for kq in rng:

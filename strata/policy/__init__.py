@@ -20,6 +20,7 @@ from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class
 from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
 from .stream import (
     ROUTED_ONLY_RING,
+    StreamWaste,
     Walk,
     ring_budget_slots,
     ring_slots,
@@ -66,6 +67,7 @@ __all__ = [
     "stream_all_min",
     "stream_all_queue",
     "walk_for",
+    "StreamWaste",
     "TIERS",
     "AdaptiveTier",
     "Move",
