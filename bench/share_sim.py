@@ -40,8 +40,8 @@ def sim_model_of(m):
 
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
-# column of bench/results/h200/share_f_link12_stop15.json (12 GB/s) alone (stop 13's run gave 6.5).
-EMULATED_COPY_US = 11.1
+# column of bench/results/h200/share_f_link12_stop15.json (12 GB/s) alone (stop 17's simulator; stop 15's gave 11.1).
+EMULATED_COPY_US = 6.9
 
 
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
@@ -69,9 +69,9 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         mach = dataclasses.replace(mach, host_issue_us=host_issue_us)
     cfgs = {n: setting_config("default" if n == "auto" else n) for n in names}
 
-    def loan(n, L):   # what the engine lends that prompt (policy.prompt_loan through the engine's plan)
+    def lent(n, L):   # what the engine lends that prompt (policy.prompt_loan through its plan), and its group
         share = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cfg=cfgs[n]).share
-        return plan.for_prompt(cfgs[n], share, L)[2]
+        return plan.for_prompt(cfgs[n], share, L)[2:]
 
     out = {}
     for n in names:
@@ -80,9 +80,10 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         for _ in range(2 if n == "auto" else 1):
             for L in lengths:
                 # the bench times each prompt with the previous prompt's loan refilled (bench/cpu_share.py)
+                loan, group = lent(n, L)
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan(n, L)),
-                          plan=(plan.chunk, plan.ring))           # the engine's chunks and ring
+                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
+                          plan=(plan.chunk, plan.ring, group))    # the engine's chunks, ring and weight scratch
                 if session is None or n != "auto":
                     session = Session(share_policy(run.share, run.gated))
                 out[(L, n)] = prefill(run, session).prompt_ms
@@ -104,23 +105,54 @@ def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
     return lines
 
 
+def _scores_scratch(cfg, cap: int, n_ctx: int) -> int:
+    """buffers.attn_scratch_bytes before stop 17 (59a2900): the blocked attention's score buffers for every head
+    size (stop 17 keeps the scores of head sizes 64 and 128 in registers and gives those 64 MiB to the chunk)."""
+    from strata.accel.buffers import ATTN_SCRATCH_TARGET
+
+    per_q = cfg.n_head * (6 * n_ctx + 6 * cfg.head_dim) + 1024
+    return max(1, min(cap, 128, ATTN_SCRATCH_TARGET // per_q)) * per_q + 4096
+
+
 def _bench_plan(m, lengths, stored: dict | None = None):
     """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula).
-    stored: the run's own {"chunk", "cache_slots"}; a run from before stop 16 planned a 16-expert weight scratch
-    only (memplan.PROMPT_GROUPS since), so that plan is recomputed when it is the one the run names."""
-    from strata.accel.memplan import PROMPT_GROUPS, budget_holding, plan_memory
+    stored: the run's own {"chunk", "cache_slots"}; when today's plan is not the one the run names, the earlier
+    layouts are tried, newest first: before stop 17 the attention's score buffers for every head size, before
+    stop 16 a 16-expert weight scratch only (memplan.PROMPT_GROUPS since)."""
+    from unittest import mock
+
+    from strata.accel import memplan
 
     c = m.cfg
     n_ctx = max(lengths) + 16
-    budget = budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
-    plans = [plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget, groups=g) for g in (PROMPT_GROUPS, (16,))]
+
+    def plan(groups, scratch=None):
+        if scratch is None:
+            budget = memplan.budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
+            return memplan.plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget, groups=groups)
+
+        def old(fn):   # the budget, the plan and each prompt's loan (for_prompt, later) on the old layout
+            def call(*a, **kw):
+                with mock.patch.object(memplan, "attn_scratch_bytes", scratch):
+                    return fn(*a, **kw)
+            return call
+
+        p = old(plan)(groups)
+        if p.request is None:
+            return p
+        req = lambda r: dataclasses.replace(r, buffer_bytes=old(r.buffer_bytes))  # noqa: E731
+        return dataclasses.replace(p, request=req(p.request), larger=tuple((g, req(r)) for g, r in p.larger))
+
     if stored is None:
-        return plans[0], n_ctx
-    for plan in plans:
-        if (plan.chunk, plan.cache_slots) == (stored["chunk"], stored["cache_slots"]):
-            return plan, n_ctx
-    raise ValueError(f"the recomputed plans {[(p.chunk, p.cache_slots) for p in plans]} (chunk, cache slots) are "
-                     f"not the bench's {stored}")
+        return plan(memplan.PROMPT_GROUPS), n_ctx
+    tried = []
+    for groups, scratch in ((memplan.PROMPT_GROUPS, None), (memplan.PROMPT_GROUPS, _scores_scratch),
+                            ((16,), _scores_scratch)):
+        p = plan(groups, scratch)
+        if (p.chunk, p.cache_slots) == (stored["chunk"], stored["cache_slots"]):
+            return p, n_ctx
+        tried.append((p.chunk, p.cache_slots))
+    raise ValueError(f"the recomputed plans {tried} (chunk, cache slots) are not the bench's {stored}")
 
 
 def main():

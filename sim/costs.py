@@ -1,26 +1,28 @@
 """Per-op durations (µs) for one machine and one model: rooflines plus launch costs, and the calibrated terms.
 
-Units: bytes / (GB/s x 1e3) = µs; flops / (TFLOPS x 1e6) = µs. Work per expert: W = 3·D·F weights; a GPU
-product pads the tokens to a tile of 8 (MMQ); the CPU pool splits each expert's rows across its workers.
+Units: bytes / (GB/s x 1e3) = µs; flops / (TFLOPS x 1e6) = µs. Work per expert: W = 3·D·F weights. A GPU launch
+group runs this engine's path (strata/accel/moe.py, calib ``gpu_experts`` "rows_gemm"): an expert of at most
+FEW_ROWS rows reads its blob once (expert_rows), the others are dequantised to fp16 and multiplied on 64-row
+tiles (dequant + gemm_grouped); or the original's (the seeds' machines, "mmq"): int8 MMQ on tiles of 8 tokens.
+The CPU pool splits each expert's rows across its workers.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import replace
 
 from .calibration import CALIB, Calib
 from .hardware import Machine, catalogue
 from .models import TYPE_NAME, SimModel, family
 
-TILE = 8  # tokens per MMQ column tile (ours: the padding a few-token expert pays)
+TILE = 8  # mmq: tokens per MMQ column tile (ours: the padding a few-token expert pays)
+FEW_ROWS = 8  # rows_gemm: strata/accel/moe.py FEW_ROWS, experts of at most this many rows run from their blobs
+GEMM_ROWS = 64  # rows_gemm: strata/accel/moe.py GEMM_BM, the grouped GEMM's row tile (rows pad up to it)
 
 
 class Costs:
     def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB):
-        if machine.calib:   # constants measured on this machine win over the seed-fitted ones
-            calib = replace(calib, **{k: (dict(v) if isinstance(v, Mapping) else v) for k, v in machine.calib.items()})
+        calib = calib.over(machine.calib)   # constants measured on this machine win over the seed-fitted ones
         self.machine, self.model, self.calib = machine, model, calib
+        self.mmq = calib.gpu_experts == "mmq"
         s, L = model.shape, model.n_layer
         self._blob = [model.blob_bytes(l) for l in range(L)]  # per-layer tables: the hot path reads these
         self._fp16 = [
@@ -35,7 +37,10 @@ class Costs:
             for l in range(L)
         ]
         self._family = [family(TYPE_NAME[s.type_of("exp_gate", l)]) for l in range(L)]
+        # kernels a matrix pass takes: gate|up is one [2F, D] matrix when both have one type (moe.py), then down
+        self._mats = [2 if s.type_of("exp_gate", l) == s.type_of("exp_up", l) else 3 for l in range(L)]
         self._body: dict[tuple[int, int], float] = {}
+        self._gemm: dict[tuple[int, int], float] = {}
         self._cpu: dict[tuple[int, int], float] = {}
 
     def blob(self, layer: int) -> int:
@@ -84,7 +89,7 @@ class Costs:
     def combine_us(self, t: int) -> float:
         return self.launch_us + self._bw_us(t * self.model.k * self.model.shape.n_embd * 4.0)
 
-    def _expert_body_us(self, layer: int, nt: int) -> float:
+    def _mmq_body_us(self, layer: int, nt: int) -> float:
         key = (layer, -(-nt // TILE))
         if key not in self._body:
             w, blob = self.model.expert_weights, self._blob[layer]
@@ -95,12 +100,47 @@ class Costs:
                 self._body[key] = max(self._bw_us(blob), self._mm_us(flops))
         return self._body[key]
 
+    def rows_us(self, layer: int) -> float:
+        """expert_rows: one expert of at most FEW_ROWS rows straight from its blob (one 8-row tile)."""
+        return self._blob[layer] / (self.machine.gpu.mem_gbps * 1e3 * self.calib.gpu_rows_bw_eff)
+
+    def dequant_us(self, layer: int) -> float:
+        """dequant: one expert's blob read and its fp16 copy (2 bytes a weight) written to the weight scratch."""
+        nbytes = self._blob[layer] + 2.0 * self.model.expert_weights
+        return nbytes / (self.machine.gpu.mem_gbps * 1e3 * self.calib.gpu_dequant_bw_eff)
+
+    def gemm_us(self, layer: int, nt: int) -> float:
+        """gemm_grouped, gate|up and down of one expert of ``nt`` rows: its rows padded to 64-row tiles, at least
+        its fp16 weights read once."""
+        key = (layer, -(-nt // GEMM_ROWS))
+        if key not in self._gemm:
+            g, cal, w = self.machine.gpu, self.calib, self.model.expert_weights
+            tiles = 2.0 * key[1] * GEMM_ROWS * w / (g.fp16_tflops * 1e6 * cal.gpu_gemm_eff)
+            self._gemm[key] = max(tiles, 2.0 * w / (g.mem_gbps * 1e3 * cal.gpu_gemm_bw_eff))
+        return self._gemm[key]
+
     def grouped_us(self, layer: int, counts: list[int]) -> float:
-        """Experts computed in groups of 16, one launch set per group (resident ones; a stream-all group)."""
+        """One launch group's GPU time; ``counts`` are its experts' rows (tokens routed to each)."""
         cal = self.calib
-        groups = -(-len(counts) // 16)
-        body = sum(cal.gpu_expert_us + self._expert_body_us(layer, n) for n in counts)
-        return groups * cal.gpu_kernels_per_expert * self.launch_us + body
+        if self.mmq:   # the original: one launch set per 16 experts, MMQ tiles of 8
+            groups = -(-len(counts) // 16)
+            body = sum(cal.gpu_expert_us + self._mmq_body_us(layer, n) for n in counts)
+            return groups * cal.gpu_kernels_per_expert * self.launch_us + body
+        few = sum(1 for n in counts if n <= FEW_ROWS)
+        many = len(counts) - few
+        mats = self._mats[layer]
+        launches = 1 + (mats if few else 0) + (mats + 2 if many else 0)   # swiglu; expert_rows; dequant, 2 GEMMs
+        body = few * self.rows_us(layer) + sum(self.dequant_us(layer) + self.gemm_us(layer, n)
+                                               for n in counts if n > FEW_ROWS)
+        F = self.model.shape.n_ff_exp
+        swiglu = self._bw_us(sum(counts) * F * (2 * 4 + 2))   # GU fp32 [rows, 2F] in, H fp16 [rows, F] out
+        return launches * cal.gpu_group_launch_us + body + swiglu
+
+    def expert_hit_us(self, layer: int) -> float:
+        """A decode step's resident expert (one token)."""
+        if self.mmq:
+            return self._bw_us(self._blob[layer]) + self.calib.gpu_expert_us
+        return self.rows_us(layer)
 
     def head_us(self) -> float:
         return self._bw_us(self.model.head_bytes()) + self.launch_us

@@ -37,7 +37,7 @@ def decode_estimate(
         kv = ctx * m.kv_bytes_per_token() / m.n_layer
         dense = cal.gpu_kernels_per_layer * graph_launch_us + costs._bw_us(m.dense_bytes(l) + kv)
         blob = m.blob_bytes(l)
-        hit_us = m.k * hit * (costs._bw_us(blob) + cal.gpu_expert_us)
+        hit_us = m.k * hit * costs.expert_hit_us(l)
         miss = m.k * (1.0 - hit)
         if pcie_only:   # read in place over PCIe by the product itself: the link's time
             f, miss_us = 1.0, miss * costs.copy_us(blob, False)

@@ -37,9 +37,10 @@ from .hardware import Machine
 from .models import SimModel
 from .streams import CpuPool, Link, Stream, Timeline
 from .vram import VramPlan, plan_vram
+from .walks import GROUP, EngineWalks
 from .workload import ZipfRouting, residency
 
-RING_GROUP = 16  # stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
+RING_GROUP = 16  # mmq: stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class Run:
     #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
     layer_spread: float = 0.0  # lognormal sigma of a per-layer factor on the GPU's expert work (seed 002:
     #                            window times per expert differ up to 8x between layers, repeatably)
-    plan: tuple[int, int] | None = None  # (chunk, ring) of an engine's own plan (bench/share_sim.py); None: the
-    #                                       simulated VRAM plan's
+    plan: tuple | None = None  # (chunk, ring[, group]) of an engine's own plan (bench/share_sim.py: the group is
+    #                            its weight scratch in experts, memplan.GROUP if absent); None: the simulated plan's
     restore: int = 0  # blobs of the previous prompt's loan still being refilled when this one starts: prompts
     #                   back to back (a benchmark's) wait for them, as the engine's lend waits for both streams
 
@@ -130,8 +131,9 @@ def prefill(run: Run, session: Session | None = None) -> Result:
     m = run.model
     routing = run.routing or ZipfRouting(m.n_layer, m.n_expert, m.k, seed=run.seed)
     res = _Runner(env, run, costs, session, vp, routing, tl)
-    env.process(res.host())
+    host = env.process(res.host())
     env.run()
+    assert host.processed, f"the simulation stalled at {env.now:.0f} us: an event nothing fires (a walk's slots)"
     res.result.prompt_ms = env.now / 1e3 * m.n_layer / res.n_layer
     res.result.windows = [(l, arm, n, (e.value - s.value) / 1e3) for l, arm, n, s, e in res.windows]
     res.result.busy_us = dict(tl.busy_us)
@@ -139,9 +141,12 @@ def prefill(run: Run, session: Session | None = None) -> Result:
     return res.result
 
 
-class _Runner:
+class _Runner(EngineWalks):
     def __init__(self, env, run: Run, costs: Costs, session: Session, vp: VramPlan, routing, tl: Timeline):
         self.env, self.run, self.costs, self.session, self.routing = env, run, costs, session, routing
+        # whose launch groups: the machine's (its catalogue calib), as its Costs, even where a test fixes the costs
+        self.mmq = run.calib.over(run.machine.calib).gpu_experts == "mmq"
+        self.group = run.plan[2] if run.plan is not None and len(run.plan) > 2 else GROUP
         self.pol = session.policy
         self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
         m, plan = run.model, vp.plan
@@ -183,7 +188,7 @@ class _Runner:
             walk = walk_for(run.cfg, run.share, t, ring)
             self.result.chunks.append((start, t, walk))
             if walk is Walk.STREAM_ALL:
-                yield from self._stream_all_chunk(start, t, ring)
+                yield from (self._stream_all_chunk if self.mmq else self._engine_stream_all_chunk)(start, t, ring)
             else:
                 yield from self._routed_only_chunk(start, t)
             start += t
@@ -248,7 +253,7 @@ class _Runner:
                 grew = (yield from self._pin("cpu_rows_bytes", rows * m.shape.n_embd * 4, 2.0)) or grew
                 cpu_us = c.cpu_pool_us(l, [int(cnt[e]) for e in cpu])
                 cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
-            done = yield from self._routed_walk(l, cnt, set(cpu))
+            done = yield from (self._routed_walk if self.mmq else self._engine_routed_walk)(l, cnt, set(cpu))
             res.n_streamed += len(done)
             res.n_cpu += len(cpu)
             ev1 = self.gpu.mark()
@@ -263,9 +268,10 @@ class _Runner:
             self.gpu.op(f"L{l} combine", c.combine_us(t), category="combine")
 
     def _routed_walk(self, l: int, cnt, cpu: set):
-        """The GPU's experts in id order, resident and streamed mixed, in MMQ groups of up to 16 experts, at
-        most 8 of them streamed (half the routed-only walk's 16 slots); a streamed expert's copy is issued when
-        the walk reaches it and reuses the slot of the expert R copies back once that one's group was computed."""
+        """The original's (mmq): the GPU's experts in id order, resident and streamed mixed, in MMQ groups of up
+        to 16 experts, at most 8 of them streamed (half the routed-only walk's 16 slots); a streamed expert's copy
+        is issued when the walk reaches it and reuses the slot of the expert R copies back once that one's group
+        was computed."""
         c, res = self.costs, self.result
         resident = self.resident[l]
         done: list = []  # per streamed expert: its group's completion
@@ -303,6 +309,7 @@ class _Runner:
 
     # --- stream-all walk (chunks from stream_all_min, a big ring) ---------------------------------------
     def _stream_all_chunk(self, start: int, t: int, ring: int):
+        """The original's (mmq): queue entries in groups of 16 (a quarter of the ring at most)."""
         m, c = self.run.model, self.costs
         g_size = max(1, min(RING_GROUP, ring // 4))
         groups: list[tuple[int, list[int]]] = []

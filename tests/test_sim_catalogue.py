@@ -114,7 +114,8 @@ def test_machine_calib_overrides_reach_the_costs(tmp_path):
     base, m = machine("rtx5090-9950x3d"), model("qwen3-30b-a3b:Q4_K_M")
     tuned = dataclasses.replace(base, calib={"cpu_job_us": CALIB.cpu_job_us + 100.0})
     assert Costs(tuned, m).cpu_expert_us(0, 1) == pytest.approx(Costs(base, m).cpu_expert_us(0, 1) + 100.0)
-    assert Costs(base, m).calib is CALIB
+    assert Costs(compose("rtx-5090", "ryzen9-9950x3d"), m).calib is CALIB     # nothing measured: the file's
+    assert Costs(base, m).calib.gpu_experts == "mmq" != CALIB.gpu_experts     # a seed's machine: the original's
     with pytest.raises(AssertionError, match="not calibration.json fields"):
         dataclasses.replace(base, calib={"cpu_speed": 2.0})
     h = machine("h200-host16")

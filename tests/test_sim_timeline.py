@@ -4,7 +4,8 @@ Scenario constants (µs): attention 100, routing sync 5, grouping 0, a group of 
 expert, a copy 40 (80 while the CPU pool is busy), host issue 30 (60 while busy), input D2H 15, CPU rows
 H2D 5, CPU pool 50 an expert, combine 10. Routing (4 tokens, top-2): layer 0 routes e0 x3, e1 x2,
 e2-e4 x1; layer 1 e5 x3, e6 x2, e7 x2, e0 x1. Three experts resident, hottest of the profile first:
-(0, e0), (1, e5), (0, e1). Each (name, start) pair is logged when its op ends.
+(0, e0), (1, e5), (0, e1). Each (name, start) pair is logged when its op ends. The machine picks the launch
+groups: rtx4090-7950x the original's (calib gpu_experts mmq), h200-host16 this engine's (sim/walks.py).
 """
 
 import numpy as np
@@ -42,10 +43,10 @@ class FixedCosts:
 # fmt: on
 
 
-def run(cfg):
+def run(cfg, machine_name="rtx4090-7950x"):   # a seed-era machine: the original's launch groups (mmq)
     model = SimModel("tiny", SHAPE)
     r = Run(
-        machine("rtx4090-7950x"),
+        machine(machine_name),
         model,
         4,
         cfg,
@@ -122,6 +123,51 @@ def test_stream_all():
         ("gpu:head", 750),
     ]
     assert r.n_streamed == 13  # 6 + 7 non-resident, routed or not
+
+
+def test_this_engines_routed_only_groups():
+    # h200-host16 (this engine's groups, sim/walks.py): the resident experts e0 e1 as one group while the first copy
+    # lands, then the streamed e2 e3 e4 as one group (at most 8) once its copies landed
+    r = run(Config(cpu_share=0.0), "h200-host16")
+    assert r.events == [
+        ("gpu:L0 attn", 0),
+        ("gpu:L0 e0,e1", 105),
+        ("h2d:L0 e2", 135),
+        ("h2d:L0 e3", 175),
+        ("h2d:L0 e4", 215),
+        ("gpu:L0 e2,e3,e4", 255),
+        ("gpu:L0 combine", 280),
+        ("gpu:L1 attn", 290),
+        ("gpu:L1 e5", 395),
+        ("h2d:L1 e0", 425),
+        ("h2d:L1 e6", 465),
+        ("h2d:L1 e7", 505),
+        ("gpu:L1 e0,e6,e7", 545),
+        ("gpu:L1 combine", 570),
+        ("gpu:head", 580),
+    ]
+    assert (r.n_streamed, r.prompt_ms) == (6, pytest.approx(0.58))
+
+
+def test_this_engines_stream_all():
+    # one copy a queue entry from t = 0 (host 30 + copy 40 each: entry k lands at 70 + 40k); layer 0's routed
+    # entries 0-2 form a group after its copies (150), its unrouted 3-5 are released when the walk passes them;
+    # layer 1 (resident e5 first) waits for entry 12 (e7, lands at 550), its unrouted 7-10 released before it
+    r = run(Config(cpu_share=0.0, stream_min=4), "h200-host16")
+    gpu = [e for e in r.events if e[0].startswith("gpu:")]
+    assert gpu == [
+        ("gpu:L0 attn", 0),
+        ("gpu:L0 e0,e1", 105),
+        ("gpu:L0 e2,e3,e4", 150),
+        ("gpu:L0 combine", 175),
+        ("gpu:L1 attn", 185),
+        ("gpu:L1 e5", 290),
+        ("gpu:L1 e0,e6,e7", 550),
+        ("gpu:L1 combine", 575),
+        ("gpu:head", 585),
+    ]
+    h2d = [(name, t) for name, t in r.events if name.startswith("h2d:")]
+    assert [t for _, t in h2d] == [30 + 40 * k for k in range(13)] and r.n_streamed == 13
 
 
 def test_an_engines_own_plan_sets_the_chunks():

@@ -1,0 +1,142 @@
+"""This engine's expert launch groups and walks (calib ``gpu_experts`` "rows_gemm"), beside the original's in
+engine.py: which experts each GPU launch group holds and the order the compute stream runs them, after
+strata/accel/moe.py (``ExpertRunner.resident_groups``) and strata/accel/engine.py (``GpuEngine.moe``, ``_groups``,
+``_stream_all_groups``). The group functions are pure; ``EngineWalks`` runs them as SimPy processes. Times in µs.
+"""
+
+from __future__ import annotations
+
+from strata.policy import ROUTED_ONLY_RING, stream_all_queue
+
+from .costs import FEW_ROWS
+
+GROUP = 16  # strata/accel/memplan.py GROUP: a prompt's weight scratch in experts, where the run names none
+GROUP_RESIDENT = 64  # strata/accel/moe.py GROUP_RESIDENT: experts a launch group from the cache holds at most
+
+
+def resident_groups(rows: list[int], scratch: int) -> list[list[int]]:
+    """Indices into ``rows`` (the routed resident experts' rows, id order) in runs of at most GROUP_RESIDENT, of
+    which at most ``scratch`` have more than FEW_ROWS rows (those need the fp16 weight scratch)."""
+    out, cur, many = [], [], 0
+    for i, n in enumerate(rows):
+        m = n > FEW_ROWS
+        if cur and (len(cur) == GROUP_RESIDENT or many + m > scratch):
+            out.append(cur)
+            cur, many = [], 0
+        cur.append(i)
+        many += m
+    return out + ([cur] if cur else [])
+
+
+def runs(entries: list[int], limit: int, ring: int) -> list[list[int]]:
+    """Walk entries (ascending queue indices) in groups of at most ``limit`` spanning fewer than ``ring`` entries:
+    a group's last copy can always be issued while its first slot is still held."""
+    out, cur = [], []
+    for k in entries:
+        if cur and (len(cur) == limit or k - cur[0] >= ring):
+            out.append(cur)
+            cur = []
+        cur.append(k)
+    return out + ([cur] if cur else [])
+
+
+def compute_order(n_res: int, n_str: int) -> list[tuple[str, int]]:
+    """("res", i) / ("str", j) in compute order: one resident group while the first copies land, then one after
+    each streamed group (the compute stream reaches each streamed group, which frees its slots, early; 5-15% on
+    the H200, GpuEngine.moe), the rest at the end; ("free", -1) where the walk has passed the layer's last group."""
+    order, ri = [], 0
+    if n_res and n_str:
+        order, ri = [("res", 0)], 1
+    for j in range(n_str):
+        order.append(("str", j))
+        if ri < n_res:
+            order.append(("res", ri))
+            ri += 1
+    return order + [("free", -1)] + [("res", i) for i in range(ri, n_res)]
+
+
+class EngineWalks:
+    """_Runner's walks for this engine: expects env, run, costs, result, gpu, link, pool, resident, ring, group,
+    n_layer, layer_factor and the shared parts (_attention, _routing_sync)."""
+
+    def _group_op(self, l: int, experts: list[int], cnt, waits=()):
+        return self.gpu.op(f"L{l} " + ",".join(f"e{e}" for e in experts),
+                           self.layer_factor[l] * self.costs.grouped_us(l, [int(cnt[e]) for e in experts]),
+                           waits=waits, category="experts")
+
+    def _resident_groups(self, l: int, cnt) -> list[list[int]]:
+        rid = [e for e in range(len(cnt)) if cnt[e] > 0 and self.resident[l][e]]
+        return [[rid[i] for i in g] for g in resident_groups([int(cnt[e]) for e in rid], self.group)]
+
+    def _engine_routed_walk(self, l: int, cnt, cpu: set):
+        """Routed-only: the streamed experts in id order, in groups of at most 8 (half the walk's 16 slots) and the
+        weight scratch; a copy is issued when the host reaches its group and reuses the slot of the expert R
+        copies back once that one's group was computed. Returns each streamed expert's group completion."""
+        c, res, R = self.costs, self.result, self.ring
+        rg = self._resident_groups(l, cnt)
+        sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
+        sg = runs(list(range(len(sid))), min(ROUTED_ONLY_RING, R // 2, self.group), R)
+        done: list = []
+        for kind, i in compute_order(len(rg), len(sg)):
+            if kind == "res":
+                self._group_op(l, rg[i], cnt)
+            elif kind == "str":
+                copies = []
+                for e in (sid[j] for j in sg[i]):
+                    h = c.host_issue_us(self.pool.busy)
+                    yield self.env.timeout(h)
+                    res.host_issue_us += h
+                    j = len(done) + len(copies)
+                    copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
+                d = self._group_op(l, [sid[j] for j in sg[i]], cnt, waits=copies)
+                done.extend([d] * len(copies))
+        return done
+
+    def _engine_stream_all_chunk(self, start: int, t: int, ring: int):
+        """Stream-all: every non-resident expert of every layer queued at chunk start, entry k in slot k mod R;
+        per layer the routed entries in groups of at most the scratch and half the ring, the unrouted ones
+        released as the walk passes them."""
+        queue = stream_all_queue(self.resident[: self.n_layer])
+        copied = [self.env.event() for _ in queue]
+        consumed = [self.env.event() for _ in queue]
+        self.env.process(self._entry_issuer(queue, copied, consumed, ring))
+        by_layer: dict[int, list[int]] = {}
+        for k, (l, _) in enumerate(queue):
+            by_layer.setdefault(l, []).append(k)
+
+        def release(ks):   # slots freed once the compute stream gets here
+            if ks:
+                self.gpu.mark().callbacks.append(lambda _, ks=ks: [consumed[k].succeed() for k in ks])
+
+        for l in range(self.n_layer):
+            self._attention(l, start, t)
+            cnt = yield from self._routing_sync(l, start, t)
+            rg = self._resident_groups(l, cnt)
+            entries = by_layer.get(l, [])
+            pos = {k: i for i, k in enumerate(entries)}
+            sg = runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
+            passed = 0   # the layer's entries before this point are issued to compute or released
+            for kind, i in compute_order(len(rg), len(sg)):
+                if kind == "res":
+                    self._group_op(l, rg[i], cnt)
+                elif kind == "str":
+                    g = sg[i]   # the unrouted entries the walk passed up to its last (_stream_all_groups)
+                    release([k for k in entries[passed:pos[g[-1]]] if cnt[queue[k][1]] == 0])
+                    passed = pos[g[-1]] + 1
+                    d = self._group_op(l, [queue[k][1] for k in g], cnt, waits=[copied[g[-1]]])
+                    d.callbacks.append(lambda _, ks=g: [consumed[k].succeed() for k in ks])
+                else:
+                    release(entries[passed:])
+            self.gpu.op(f"L{l} combine", self.costs.combine_us(t), category="combine")
+
+    def _entry_issuer(self, queue, copied, consumed, ring: int):
+        """The issuer thread: entry k is issued once entry k - ring was consumed, one copy a blob."""
+        c, res = self.costs, self.result
+        for k, (l, e) in enumerate(queue):
+            if k >= ring:
+                yield consumed[k - ring]
+            h = c.host_issue_us(self.pool.busy)
+            yield self.env.timeout(h)
+            res.host_issue_us += h
+            res.n_streamed += 1
+            self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())

@@ -1,0 +1,104 @@
+"""The simulator's GPU expert cost model for this engine (sim/costs.py, calib gpu_experts "rows_gemm") and its launch
+groups (sim/walks.py): the engine's constants and grouping rules, a group's cost written out, and every expert op
+of the all-resident engine's measured prompts (GPU-bound, so its op times are kernel times) against the model."""
+
+import dataclasses
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sim import walks
+from sim.costs import FEW_ROWS, GEMM_ROWS, Costs
+from sim.hardware import machine
+from sim.models import model
+from sim.workload import TraceRouting
+
+H200 = machine("h200-host16")
+RESULTS = Path(__file__).parent.parent / "bench" / "results" / "h200"
+
+
+def sim_model(preset: str, layers: int = 8):
+    """The bench's synthetic models (python -m strata.synth --preset P --layers 8): the preset's own types."""
+    m = model(preset)
+    return dataclasses.replace(m, shape=dataclasses.replace(m.shape, n_layer=layers))
+
+
+def test_the_engines_constants():
+    from strata.accel import memplan, moe
+
+    assert (FEW_ROWS, GEMM_ROWS) == (moe.FEW_ROWS, moe.GEMM_BM)
+    assert (walks.GROUP_RESIDENT, walks.GROUP) == (moe.GROUP_RESIDENT, memplan.GROUP)
+
+
+def test_groups_as_the_engine_forms_them():
+    """walks.resident_groups and walks.runs against ExpertRunner.resident_groups and GpuEngine._groups."""
+    from strata.accel.engine import GpuEngine
+    from strata.accel.moe import ExpertRunner
+
+    rng = random.Random(0)
+    for _ in range(200):
+        rows = [rng.choice([1, 3, 8, 9, 40, 200]) for _ in range(rng.randint(1, 150))]
+        cap = rng.choice([1, 8, 16])
+        runner = SimpleNamespace(few_rows=FEW_ROWS, bufs=SimpleNamespace(w_d=np.zeros((cap, 1))))
+        lay = SimpleNamespace(cnt=np.array(rows))
+        want = ExpertRunner.resident_groups(runner, list(range(len(rows))), lay)
+        assert walks.resident_groups(rows, cap) == want
+        entries = sorted(rng.sample(range(400), rng.randint(1, 100)))
+        ring, limit = rng.choice([16, 30, 284]), rng.choice([4, 8, 16])
+        eng = SimpleNamespace(_ring=SimpleNamespace(n=ring))
+        assert walks.runs(entries, limit, ring) == GpuEngine._groups(eng, entries, limit)
+
+
+def test_compute_order():
+    # GpuEngine.moe: resident 0 while the first copies land, one after each streamed group, the rest last
+    assert walks.compute_order(3, 2) == [("res", 0), ("str", 0), ("res", 1), ("str", 1), ("res", 2), ("free", -1)]
+    assert walks.compute_order(0, 2) == [("str", 0), ("str", 1), ("free", -1)]
+    assert walks.compute_order(2, 0) == [("free", -1), ("res", 0), ("res", 1)]
+
+
+def test_a_groups_cost_written_out():
+    """qwen3-30b-a3b (Q4_K experts: gate|up one matrix), rows 1, 8 | 9, 64, 65: two experts by expert_rows, three
+    dequantised, GEMM tiles 1 + 1 + 2; launches: swiglu, expert_rows x2, dequant x2, gemm_grouped x2."""
+    c, g = Costs(H200, sim_model("qwen3-30b-a3b")), H200.gpu
+    full = c.calib
+    W = 3 * 2048 * 768                              # weights an expert
+    blob = W * 144 // 256                           # Q4_K: 144 bytes a 256-weight block
+    assert c.blob(0) == blob and full.gpu_experts == "rows_gemm"
+    bw = g.mem_gbps * 1e3
+    rows = blob / (bw * full.gpu_rows_bw_eff)
+    deq = (blob + 2 * W) / (bw * full.gpu_dequant_bw_eff)
+    tile = max(2 * 64 * W / (g.fp16_tflops * 1e6 * full.gpu_gemm_eff), 2 * W / (bw * full.gpu_gemm_bw_eff))
+    swiglu = (1 + 8 + 9 + 64 + 65) * 768 * 10 / (bw * full.gpu_bw_eff)
+    want = 7 * full.gpu_group_launch_us + 2 * rows + 3 * deq + 4 * tile + swiglu
+    assert c.grouped_us(0, [1, 8, 9, 64, 65]) == pytest.approx(want, rel=1e-12)
+    assert c.gemm_us(0, 65) == pytest.approx(max(2 * tile, 2 * W / (bw * full.gpu_gemm_bw_eff)))
+    mixed = sim_model("flash-shape")                # IQ2_XS gate|up, IQ4_NL down: still one gate|up matrix
+    assert Costs(H200, mixed).grouped_us(0, [1]) == pytest.approx(
+        3 * full.gpu_group_launch_us + Costs(H200, mixed).rows_us(0) + 10 * 640 / (bw * full.gpu_bw_eff))
+
+
+# GPU ms of the expert ops (gemm_grouped + dequant + expert_rows + swiglu) of one all-resident prompt; the timed
+# window held two prompts, so the logs' figures are halved here.   band: +-10% (the fit is within 5%)
+OP_LOGS = {
+    ("qwen3-30b-a3b", "share_q_real_stop15", 900): (13.23 + 4.75 + 2.52 + 0.60) / 2,   # prefill_ops_q8_stop16.log
+    ("qwen3-30b-a3b", "share_q_real_stop15", 2048): (26.24 + 5.40 + 2.30 + 1.06) / 2,  # ...
+    ("qwen3-30b-a3b", "share_q_real_stop15", 250): (4.34 + 2.66 + 3.43 + 0.23) / 2,    # prefill_groups_ops_stop15.log
+    ("flash-shape", "share_f_real_stop15", 250): (10.75 + 10.32 + 36.95 + 0.96) / 2,   # ...
+}
+
+
+@pytest.mark.parametrize("preset, trace, tokens", list(OP_LOGS))
+def test_expert_ops_of_an_all_resident_prompt(preset, trace, tokens):
+    """Each layer's routed experts, from the routing the engine saw on a text prompt (the op logs' prompts were
+    random tokens: their call counts agree within 10%), in the resident engine's groups (one chunk, 16-expert
+    scratch, memplan's plan when every expert fits)."""
+    m, routing = sim_model(preset), TraceRouting.load(f"{RESULTS}/{trace}_routing.npz")
+    c = Costs(H200, m)
+    ms = 0.0
+    for l in range(m.n_layer):
+        rows = [int(n) for n in routing.counts(l, 0, tokens) if n > 0]
+        ms += sum(c.grouped_us(l, [rows[i] for i in g]) for g in walks.resident_groups(rows, 16)) / 1e3
+    assert ms == pytest.approx(OP_LOGS[(preset, trace, tokens)], rel=0.10)
