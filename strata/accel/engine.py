@@ -22,8 +22,8 @@ from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
-from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_WASTE_MAX, StreamWaste,
-                                  Walk as WalkKind, stream_all_queue, walk_for)
+from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, StreamWaste, Walk as WalkKind,
+                                  stream_all_queue, walk_for)
 
 
 @dataclass
@@ -291,9 +291,9 @@ class GpuEngine:
     def _note_waste(self, entries: int, unrouted: int) -> None:
         """A stream-all chunk ended: record its unrouted share; say so when that turns the walk choice."""
         sw = self.stream_waste
-        before = sw.waste is None or sw.waste <= STREAM_ALL_WASTE_MAX
+        before = sw.dense
         sw.note(entries, unrouted)
-        after = sw.waste is None or sw.waste <= STREAM_ALL_WASTE_MAX
+        after = sw.dense
         if before != after:
             self.log(f"walk: the last stream-all chunk streamed {unrouted} of {entries} experts unrouted "
                      f"({100 * sw.waste:.0f}%): " + ("chunks take the stream-all walk again" if after else

@@ -43,8 +43,13 @@ class StreamWaste:
         self.waste: float | None = None        # unrouted entries / queue entries of the last stream-all chunk
         self.refused = 0
 
+    @property
+    def dense(self) -> bool:
+        """Nothing measured yet, or the last stream-all chunk left at most STREAM_ALL_WASTE_MAX unrouted."""
+        return self.waste is None or self.waste <= STREAM_ALL_WASTE_MAX
+
     def admit(self) -> bool:
-        if self.waste is None or self.waste <= STREAM_ALL_WASTE_MAX:
+        if self.dense:
             return True
         self.refused += 1
         if self.refused % STREAM_ALL_PROBE == 0:
