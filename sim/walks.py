@@ -1,43 +1,22 @@
 """This engine's expert launch groups and walks (calib ``gpu_experts`` "rows_gemm"), beside the original's in
 engine.py: which experts each GPU launch group holds and the order the compute stream runs them, after
-strata/accel/moe.py (``ExpertRunner.resident_groups``) and strata/accel/engine.py (``GpuEngine.moe``, ``_groups``,
-``_stream_all_groups``). The group functions are pure; ``EngineWalks`` runs them as SimPy processes. Times in µs.
+strata/accel/engine.py (``GpuEngine.moe``, ``_stream_all_groups``); the grouping rules themselves are the engine's
+own (policy.resident_runs, policy.walk_runs). The group functions are pure; ``EngineWalks`` runs them as SimPy processes. Times in µs.
 """
 
 from __future__ import annotations
 
-from strata.policy import ROUTED_ONLY_RING, stream_all_queue
+from strata.policy import ROUTED_ONLY_RING, resident_runs, stream_all_queue, walk_runs
 
 from .costs import FEW_ROWS
 
 GROUP = 16  # strata/accel/memplan.py GROUP: a prompt's weight scratch in experts, where the run names none
-GROUP_RESIDENT = 64  # strata/accel/moe.py GROUP_RESIDENT: experts a launch group from the cache holds at most
 
 
 def resident_groups(rows: list[int], scratch: int) -> list[list[int]]:
-    """Indices into ``rows`` (the routed resident experts' rows, id order) in runs of at most GROUP_RESIDENT, of
-    which at most ``scratch`` have more than FEW_ROWS rows (those need the fp16 weight scratch)."""
-    out, cur, many = [], [], 0
-    for i, n in enumerate(rows):
-        m = n > FEW_ROWS
-        if cur and (len(cur) == GROUP_RESIDENT or many + m > scratch):
-            out.append(cur)
-            cur, many = [], 0
-        cur.append(i)
-        many += m
-    return out + ([cur] if cur else [])
-
-
-def runs(entries: list[int], limit: int, ring: int) -> list[list[int]]:
-    """Walk entries (ascending queue indices) in groups of at most ``limit`` spanning fewer than ``ring`` entries:
-    a group's last copy can always be issued while its first slot is still held."""
-    out, cur = [], []
-    for k in entries:
-        if cur and (len(cur) == limit or k - cur[0] >= ring):
-            out.append(cur)
-            cur = []
-        cur.append(k)
-    return out + ([cur] if cur else [])
+    """Indices into ``rows`` (the routed resident experts' rows, id order) in the engine's launch groups
+    (policy.resident_runs: those of more than FEW_ROWS rows need the weight scratch)."""
+    return resident_runs([n > FEW_ROWS for n in rows], scratch)
 
 
 def compute_order(n_res: int, n_str: int) -> list[tuple[str, int]]:
@@ -75,7 +54,7 @@ class EngineWalks:
         c, res, R = self.costs, self.result, self.ring
         rg = self._resident_groups(l, cnt)
         sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
-        sg = runs(list(range(len(sid))), min(ROUTED_ONLY_RING, R // 2, self.group), R)
+        sg = walk_runs(list(range(len(sid))), min(ROUTED_ONLY_RING, R // 2, self.group), R)
         done: list = []
         for kind, i in compute_order(len(rg), len(sg)):
             if kind == "res":
@@ -114,7 +93,7 @@ class EngineWalks:
             rg = self._resident_groups(l, cnt)
             entries = by_layer.get(l, [])
             pos = {k: i for i, k in enumerate(entries)}
-            sg = runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
+            sg = walk_runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
             passed = 0   # the layer's entries before this point are issued to compute or released
             for kind, i in compute_order(len(rg), len(sg)):
                 if kind == "res":

@@ -30,13 +30,14 @@ def test_the_engines_constants():
     from strata.accel import memplan, moe
 
     assert (FEW_ROWS, GEMM_ROWS) == (moe.FEW_ROWS, moe.GEMM_BM)
-    assert (walks.GROUP_RESIDENT, walks.GROUP) == (moe.GROUP_RESIDENT, memplan.GROUP)
+    assert walks.GROUP == memplan.GROUP
 
 
 def test_groups_as_the_engine_forms_them():
-    """walks.resident_groups and walks.runs against ExpertRunner.resident_groups and GpuEngine._groups."""
-    from strata.accel.engine import GpuEngine
+    """walks.resident_groups against ExpertRunner.resident_groups (one rule, policy.resident_runs, fed the
+    simulator's rows), and policy.walk_runs against a hand-written reading of its rule."""
     from strata.accel.moe import ExpertRunner
+    from strata.policy import walk_runs
 
     rng = random.Random(0)
     for _ in range(200):
@@ -48,8 +49,11 @@ def test_groups_as_the_engine_forms_them():
         assert walks.resident_groups(rows, cap) == want
         entries = sorted(rng.sample(range(400), rng.randint(1, 100)))
         ring, limit = rng.choice([16, 30, 284]), rng.choice([4, 8, 16])
-        eng = SimpleNamespace(_ring=SimpleNamespace(n=ring))
-        assert walks.runs(entries, limit, ring) == GpuEngine._groups(eng, entries, limit)
+        got = walk_runs(entries, limit, ring)
+        assert [k for g in got for k in g] == entries                  # every entry, in order, once
+        assert all(len(g) <= limit and g[-1] - g[0] < ring for g in got)
+        # each group closes only because the next entry would break a rule
+        assert all(len(a) == limit or b[0] - a[0] >= ring for a, b in zip(got, got[1:]))
 
 
 def test_compute_order():

@@ -23,7 +23,7 @@ from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, StreamWaste, Walk as WalkKind,
-                                  stream_all_queue, walk_for)
+                                  stream_all_queue, walk_for, walk_runs)
 
 
 @dataclass
@@ -374,8 +374,8 @@ class GpuEngine:
             sgroups, unrouted = self._stream_all_groups(layer, lay)
         elif walk is not None:       # routed-only: this layer's streamed experts in id order, 8 copies ahead
             # groups of 8 (4 in decode's 8-slot ring): one group's copies land while the group before computes
-            sgroups = self._groups(list(range(len(lay.streamed))), min(ROUTED_ONLY_RING, self._ring.n // 2,
-                                                                      self._runner.bufs.group))
+            sgroups = walk_runs(list(range(len(lay.streamed))),
+                                min(ROUTED_ONLY_RING, self._ring.n // 2, self._runner.bufs.group), self._ring.n)
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
@@ -412,17 +412,6 @@ class GpuEngine:
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
 
-    def _groups(self, entries: list[int], limit: int) -> list[list[int]]:
-        """Split walk entries (queue indices, ascending) into groups of at most `limit` spanning fewer than R
-        entries, so a group's last entry can always be issued while its first is still unconsumed."""
-        out, cur = [], []
-        for kq in entries:
-            if cur and (len(cur) == limit or kq - cur[0] >= self._ring.n):
-                out.append(cur)
-                cur = []
-            cur.append(kq)
-        return out + ([cur] if cur else [])
-
     def _stream_all_groups(self, layer, lay):
         """The stream-all walk's groups of this layer's routed entries, and the unrouted entries to release:
         unrouted[first entry of a group] = those passed before it, unrouted[None] = those after the last."""
@@ -431,7 +420,7 @@ class GpuEngine:
         rng = self._layer_entries.get(layer, range(0))
         kept = [kq for kq in rng if walk.entries[kq][1] in routed]
         self._unrouted += len(rng) - len(kept)
-        groups = self._groups(kept, min(self._runner.bufs.group, self._ring.n // 2))
+        groups = walk_runs(kept, min(self._runner.bufs.group, self._ring.n // 2), self._ring.n)
         last = {g[-1]: g for g in groups}
         unrouted, pending = {}, []
         for kq in rng:

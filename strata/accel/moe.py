@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata.policy.stream import resident_runs
+
 GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
-GROUP_RESIDENT = 64    # experts per launch group from the cache (at most `scratch` of them with many rows)
 ROWS_TILE = 8          # rows per expert_rows tile (cuda/rows_kernels.cu ER_RT)
 FEW_ROWS = ROWS_TILE   # experts of one tile skip the fp16 scratch: each blob byte read once (bench/prefill.py
                        # --few-rows 16,0,8 on the H200, prefill_f8_fewrows.log: 16 re-reads blobs and was slower)
@@ -109,17 +110,11 @@ class ExpertRunner:
         self.few_rows = few_rows
 
     def resident_groups(self, resident: list[int], lay: RowLayout) -> list[list[int]]:
-        """Runs of the resident experts (row order) of at most GROUP_RESIDENT, and at most the weight scratch's
-        many-row experts: few-row experts need no scratch, so a prompt layer's cache hits take few launches."""
-        many = (lay.cnt[resident] > self.few_rows).tolist()
-        cap, out, cur, n_many = self.bufs.w_d.shape[0], [], [], 0
-        for e, m in zip(resident, many):
-            if cur and (len(cur) == GROUP_RESIDENT or n_many + m > cap):
-                out.append(cur)
-                cur, n_many = [], 0
-            cur.append(e)
-            n_many += m
-        return out + ([cur] if cur else [])
+        """Runs of the resident experts (row order) of at most policy.GROUP_RESIDENT, and at most the weight
+        scratch's many-row experts: few-row experts need no scratch, so a prompt layer's cache hits take few
+        launches (policy.resident_runs)."""
+        many = lay.cnt[resident] > self.few_rows
+        return [[resident[i] for i in g] for g in resident_runs(many, self.bufs.w_d.shape[0])]
 
     def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
         """Every group's GroupTables of a layer in one upload: groups[g] = (members, buf, idx), the members'

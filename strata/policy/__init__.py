@@ -19,6 +19,7 @@ from .registry import Registry
 from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class, size_class_floor  # noqa: I001 (registers them)
 from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, ShareKind, Wanted
 from .stream import (
+    GROUP_RESIDENT,
     ROUTED_ONLY_RING,
     StreamWaste,
     Walk,
@@ -26,8 +27,10 @@ from .stream import (
     ring_slots,
     routed_only_order,
     stream_all_min,
+    resident_runs,
     stream_all_queue,
     walk_for,
+    walk_runs,
 )
 from .tier import TIERS, AdaptiveTier, Move, TierKind
 
@@ -68,6 +71,9 @@ __all__ = [
     "stream_all_queue",
     "walk_for",
     "StreamWaste",
+    "GROUP_RESIDENT",
+    "resident_runs",
+    "walk_runs",
     "TIERS",
     "AdaptiveTier",
     "Move",

@@ -110,3 +110,33 @@ def stream_all_queue(resident_by_layer: Sequence[Sequence[bool]]) -> list[tuple[
     """The stream-all walk's queue: every non-resident (layer, expert), layer by layer, in id order, routed or
     not. Entry k uses ring slot k mod R and is issued once entry k - R was consumed."""
     return [(l, e) for l, res in enumerate(resident_by_layer) for e in range(len(res)) if not res[e]]
+
+
+GROUP_RESIDENT = 64  # experts a launch group from the cache holds at most (few launches for a layer's cache hits)
+
+
+def resident_runs(many: Sequence[bool], scratch: int) -> list[list[int]]:
+    """A layer's resident experts (row order; many[i]: expert i has more rows than the few-row path takes) in
+    launch groups: runs of at most GROUP_RESIDENT, of which at most `scratch` need the fp16 weight scratch.
+    Indices into `many`; the engine (strata/accel/moe.py) and the simulator (sim/walks.py) both group this way."""
+    out, cur, n_many = [], [], 0
+    for i, m in enumerate(many):
+        m = bool(m)
+        if cur and (len(cur) == GROUP_RESIDENT or n_many + m > scratch):
+            out.append(cur)
+            cur, n_many = [], 0
+        cur.append(i)
+        n_many += m
+    return out + ([cur] if cur else [])
+
+
+def walk_runs(entries: Sequence[int], limit: int, ring: int) -> list[list[int]]:
+    """Walk entries (ascending queue indices) in launch groups of at most `limit` spanning fewer than `ring`
+    entries, so a group's last copy can always be issued while its first slot is still held."""
+    out, cur = [], []
+    for k in entries:
+        if cur and (len(cur) == limit or k - cur[0] >= ring):
+            out.append(cur)
+            cur = []
+        cur.append(k)
+    return out + ([cur] if cur else [])
