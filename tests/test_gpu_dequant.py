@@ -216,7 +216,8 @@ def test_nvcc_compiles_the_nvrtc_source(tmp_path):
     assert "warning" not in r.stderr, r.stderr[-4000:]
     ptx = (tmp_path / "d.ptx").read_text()
     entries = set(re.findall(r"\.entry (\w+)\(", ptx))
-    assert entries == set(D.KERNEL_NAME.values()) | set(D.MATRIX_KERNEL_NAME.values())
+    assert entries == (set(D.KERNEL_NAME.values()) | set(D.MATRIX_KERNEL_NAME.values())
+                       | set(D.MATRIX_F32_KERNEL_NAME.values()))
     assert "fma.rn.f32" not in ptx, "a float32 multiply-add was contracted into an FMA"
 
 
@@ -245,12 +246,15 @@ def test_cuda_kernels_match_numpy():
             D.launch(module, cls.qtype, ptrs, g_n, n_rows, k, out, stream)
             one = cp.empty((n_rows, k), cp.float16)
             D.launch_matrix(module, cls.qtype, buf[offs[1] : offs[1] + raw.size], n_rows, k, one, stream)
+            one32 = cp.full((n_rows, k), np.float32(7.0), cp.float32)     # the unrounded float32 (embedding rows)
+            D.launch_matrix(module, cls.qtype, buf[offs[1] : offs[1] + raw.size], n_rows, k, one32, stream)
             stream.synchronize()
             got = out.get()
             for g in range(g_n):
                 _check(cls, f"{case}, launch g={g}", blocks, got[g])
             assert (got[g_n] == 7.0).all(), f"{cls.name}: the kernel wrote past n_ptrs"
-            _check(cls, f"{case}, launch_matrix", blocks, one.get())
+            _check(cls, f"{case}, launch_matrix", blocks, one.get(),
+                   one32.get() if cls.qtype in D.F32_EXACT else None)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from strata.accel.gpu.dequant import F32_EXACT
 from strata.mathfn import rope_table
 from strata.models import Model
 from strata.reference.linalg import weight_rows
@@ -79,8 +80,12 @@ class DeviceOps:
         self.cos, self.sin = dev.asarray(cos), dev.asarray(sin)
         self.embd_view = model.view("token_embd.weight")
         self.embd_type = model.qtype("token_embd.weight")
-        # the chunk's embedding rows are staged here (pinned, so the upload is asynchronous)
-        self.embd_host = dev.pinned(cap * self.cfg.n_embd * 4).view(np.float32).reshape(cap, self.cfg.n_embd)
+        # the chunk's embedding rows as stored, staged here (pinned, so the upload is asynchronous) and dequantised
+        # on the device: on the host, a 4,608-token chunk's rows took ~80 ms of a flash-shape 8K prompt while the
+        # GPU waited (bench/results/h200/prefill_timeline_stop18.log). Types the device cannot give exactly stage f32.
+        self.embd_on_device = dev.kind != "cuda" or self.embd_type in F32_EXACT
+        self.embd_row = self.embd_view.shape[1] * self.embd_view.itemsize                # bytes of a stored row
+        self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4))     # u8, rows or f32 [T, D]
         self.embd_done = dev.event()
         self.bufs, self.pos0, self.T = None, 0, 0
         self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
@@ -93,10 +98,19 @@ class DeviceOps:
     def embed(self, name: str, ids):
         T = len(ids)
         self.embd_done.synchronize()            # the previous step's upload has left the staging buffer
-        rows = self.embd_view[np.asarray(ids, np.int64)]                      # [T, row bytes] (or typed rows)
-        self.embd_host[:T] = weight_rows(rows, self.embd_type, 0, T, self.cfg.n_embd)
+        idx = np.asarray(ids, np.int64)
         x = self.bufs.x[:T]
-        self.dev.h2d(x, self.embd_host[:T], self.dev.compute)
+        if self.embd_on_device:
+            v = self.embd_view                                                   # [V, row bytes] (or typed [V, D])
+            stage = self.embd_host[:T * self.embd_row]
+            np.take(v, idx, axis=0, out=stage.view(v.dtype).reshape(T, v.shape[1]))   # the rows as stored
+            raw = self.dev.empty((stage.size,), np.uint8)                       # a step temporary (temp_bytes)
+            self.dev.h2d(raw, stage, self.dev.compute)
+            self.k.embed_rows(x, raw, self.embd_type, self.dev.compute)          # exact f32, as weight_rows
+        else:
+            stage = self.embd_host[:T * self.cfg.n_embd * 4].view(np.float32).reshape(T, self.cfg.n_embd)
+            stage[...] = weight_rows(self.embd_view[idx], self.embd_type, 0, T, self.cfg.n_embd)
+            self.dev.h2d(x, stage, self.dev.compute)
         self.embd_done.record(self.dev.compute)
         return x
 

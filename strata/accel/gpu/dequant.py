@@ -11,7 +11,8 @@ Public API (Legend: G matrices in a launch, N rows, K row length, B = N·K / QK 
   KERNEL_NAME[qtype], MATRIX_KERNEL_NAME[qtype]     extern "C" kernel names
   load_module(cupy) -> RawModule                    compile (cached by CuPy)
   launch(module, qtype, ptrs_dev, n_ptrs, n_rows, k, out, stream)     out f16 [G >= n_ptrs, N, K]
-  launch_matrix(module, qtype, src, n_rows, k, out, stream)           out f16 [N, K]
+  launch_matrix(module, qtype, src, n_rows, k, out, stream)           out f16 [N, K] (f32 [N, K]: the
+                                                                      unrounded float32, embedding rows)
   host_dequant(raw, qtype, n_rows, k) -> f16 [N, K]; host_dequant_f32 (the float32 before rounding)
 """
 
@@ -45,6 +46,10 @@ SUFFIX = {q: s for q, (s, _) in _TYPES.items()}
 PART = {q: p for q, (_, p) in _TYPES.items()}
 KERNEL_NAME = {q: f"dequant_rows_{s}" for q, s in SUFFIX.items()}
 MATRIX_KERNEL_NAME = {q: f"dequant_{s}" for q, s in SUFFIX.items()}
+MATRIX_F32_KERNEL_NAME = {q: f"dequant_f32_{s}" for q, s in SUFFIX.items()}
+# types whose unrounded float32 the device gives exactly: NVRTC's -ftz flushes MXFP4's subnormal products (scale
+# exponent e < 2), which only the fp16 rounding hides (dequant.cuh)
+F32_EXACT = frozenset(q for q in SUFFIX if SUFFIX[q] != "mxfp4")
 
 # CuPy appends -ftz=true to every NVRTC compile; fp16 results do not depend on it (dequant.cuh: the only
 # float32 subnormals, MXFP4 with e < 2, round to a signed zero in fp16 with or without flushing).
@@ -139,16 +144,22 @@ def launch(module, qtype: int, ptrs_dev, n_ptrs: int, n_rows: int, k: int, out, 
 
 def launch_matrix(module, qtype: int, src, n_rows: int, k: int, out, stream) -> None:
     """out f16 [n_rows, k] <- one matrix of type `qtype` at `src` (a cupy uint8 array, or a device address as
-    an int). Asynchronous on `stream`."""
+    an int); out f32 [n_rows, k] takes the float32 values unrounded. Asynchronous on `stream`."""
     cls = _check_type(qtype)
     n_blocks = int(n_rows) * cls.row_bytes(int(k)) // cls.type_size
-    _check_out(out, (int(n_rows), int(k)), qtype, "dequant launch_matrix")
+    f32 = str(out.dtype) == "float32"
+    if f32:
+        if not out.flags.c_contiguous or tuple(out.shape) != (int(n_rows), int(k)):
+            raise ValueError(f"dequant launch_matrix: out must be a C-contiguous [{n_rows}, {k}], "
+                             f"got {out.dtype} {tuple(out.shape)}")
+    else:
+        _check_out(out, (int(n_rows), int(k)), qtype, "dequant launch_matrix")
     if isinstance(src, int):
         src = np.uint64(src)
     elif str(src.dtype) != "uint8" or src.size != n_blocks * cls.type_size or not src.flags.c_contiguous:
         raise ValueError(f"dequant launch_matrix: src must be {n_blocks * cls.type_size} contiguous uint8 "
                          f"bytes ({cls.name} [{n_rows}, {k}]), got {src.dtype} {src.shape}")
-    fn = module.get_function(MATRIX_KERNEL_NAME[int(qtype)])
+    fn = module.get_function((MATRIX_F32_KERNEL_NAME if f32 else MATRIX_KERNEL_NAME)[int(qtype)])
     fn((_grid_x(n_blocks, qtype),), (_THREADS,), (src, np.int64(n_blocks), out), stream=stream)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from strata import quants
 from strata.accel.gpu.kernels import BlobRef, Kernels
+from strata.reference.linalg import weight_rows
 
 F16, F32 = np.float16, np.float32
 
@@ -54,6 +55,14 @@ class HostKernels(Kernels):
                 buf, idx, off = blobs[g]
                 w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
                 out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
+
+        self._run(stream, run)
+
+    def embed_rows(self, out, raw, qtype, stream):
+        T, D = out.shape
+
+        def run():
+            out[...] = weight_rows(raw.reshape(T, -1), qtype, 0, T, D)
 
         self._run(stream, run)
 

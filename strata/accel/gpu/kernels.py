@@ -120,6 +120,11 @@ class Kernels(abc.ABC):
 
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod
+    def embed_rows(self, out, raw, qtype: int, stream) -> None:
+        """out f32 [T, D] <- T raw GGUF rows of type `qtype` (raw: uint8 [T·row_bytes], contiguous), each weight
+        the exact float32 of strata.quants (the reference's embedding, unrounded)."""
+
+    @abc.abstractmethod
     def rms_norm(self, out, x, w, eps: float, stream) -> None:
         """Over the last axis of x f32 [..., n]: x / sqrt(mean(x²) + eps) · w."""
 

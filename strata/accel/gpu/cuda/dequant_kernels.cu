@@ -6,6 +6,8 @@
 //       matrix, e.g. an expert blob); out [n_ptrs, n_rows, row_blocks·QK] fp16 bits. Grid: (x, n_ptrs).
 //   dequant_<nm>(const uint8_t* src, long long n_blocks, uint16_t* out)
 //       one matrix of n_blocks blocks -> out [n_blocks·QK] (dense weights at load). Grid: (x, 1).
+//   dequant_f32_<nm>(const uint8_t* src, long long n_blocks, float* out)
+//       the same, the float32 values unrounded (a prompt's embedding rows: the reference's exact f32).
 // One thread per part (PART weights, 32 for block formats, 1 for F32/F16/BF16): consecutive threads write
 // consecutive 64-byte pieces of out, as 16-byte stores (out must be 16-byte aligned). Grid x is a
 // grid-stride loop.
@@ -29,9 +31,15 @@ __device__ __forceinline__ void store_part(const float* v, uint16_t* o) {
     }
 }
 
-// blocks [n_blocks] of type Q at src -> out [n_blocks·QK] fp16 bits, threads (blockIdx.x, threadIdx.x)
 template <class Q>
-__device__ __forceinline__ void dequant_span(const uint8_t* src, long long n_blocks, uint16_t* out) {
+__device__ __forceinline__ void store_part(const float* v, float* o) {
+    STRATA_UNROLL
+    for (int i = 0; i < Q::PART; ++i) o[i] = v[i];
+}
+
+// blocks [n_blocks] of type Q at src -> out [n_blocks·QK] (fp16 bits or float32), threads (blockIdx.x, threadIdx.x)
+template <class Q, class O>
+__device__ __forceinline__ void dequant_span(const uint8_t* src, long long n_blocks, O* out) {
     constexpr int PARTS = Q::QK / Q::PART;
     const long long n_parts = n_blocks * PARTS;
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -54,6 +62,9 @@ __device__ __forceinline__ void dequant_span(const uint8_t* src, long long n_blo
                              out + (long long)g * n_blocks * nm##_t::QK);                                    \
     }                                                                                                        \
     extern "C" __global__ void dequant_##nm(const uint8_t* src, long long n_blocks, uint16_t* out) {         \
+        dequant_span<nm##_t>(src, n_blocks, out);                                                            \
+    }                                                                                                        \
+    extern "C" __global__ void dequant_f32_##nm(const uint8_t* src, long long n_blocks, float* out) {        \
         dequant_span<nm##_t>(src, n_blocks, out);                                                            \
     }
 

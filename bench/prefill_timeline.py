@@ -1,0 +1,113 @@
+"""Diagnostic: the GPU timeline of prompts on the quarter cache (either walk), where the copy stream and the compute
+stream wait. CUDA only; wraps the engine's Ring.copy_run, ExpertRunner.group and GpuEngine.moe with timing events.
+
+python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx]
+
+Per prompt: the copy stream's busy time and its idle time (the next copy issued by the host after the previous one
+ended; issued early but waiting on a slot's `used` event; after the last copy), the compute stream's expert-group
+time and the stalls between groups of one layer (waiting for a copy), GPU time outside the MoE blocks; then each
+MoE block's span with its layer's copies."""
+import sys, time, dataclasses, threading, statistics
+import numpy as np
+from strata import models, policy
+from strata.accel import stream as st, moe as moe_mod
+from strata.accel.arena import Arena
+from strata.accel.device.cuda import CudaDevice
+from strata.accel.engine import GpuEngine
+from strata.accel.memplan import budget_holding
+
+path, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+n_ctx = int(sys.argv[3]) if len(sys.argv) > 3 else 8200
+m = models.load(path); c = m.cfg
+dev = CudaDevice(); cp = dev.cp
+arena = Arena(m, dev)
+cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
+REC = None
+tl = threading.local()
+def tev(stream):
+    e = cp.cuda.Event(); e.record(stream.s); return e
+oc, og, om, oi = st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue_run
+state = {"layer": -1}
+def issue_run(self, limit):
+    tl.layer = self.entries[self.issued][0]
+    return oi(self, limit)
+def copy_run(self, s0, blobs):
+    if REC is None:
+        return oc(self, s0, blobs)
+    h = time.perf_counter()
+    for i in range(s0, s0 + blobs.shape[0]):
+        u = self.used[i]
+        if u is not None and u is not self._waited:
+            self.dev.copy.wait(u); self._waited = u
+    e0 = tev(self.dev.copy); ev = oc(self, s0, blobs); e1 = tev(self.dev.copy)
+    REC.append(("copy", getattr(tl, "layer", state["layer"]), h, e0, e1, blobs.shape[0]))
+    return ev
+def group(self, layer, members, tab, lay, on_released=None):
+    if REC is None:
+        return og(self, layer, members, tab, lay, on_released)
+    h = time.perf_counter(); e0 = tev(self.dev.compute)
+    og(self, layer, members, tab, lay, on_released)
+    e1 = tev(self.dev.compute)
+    REC.append(("group", layer, h, e0, e1, len(members)))
+def moe(self, h, layer, ids_dev, w_dev):
+    if REC is None:
+        return om(self, h, layer, ids_dev, w_dev)
+    state["layer"] = layer
+    t = time.perf_counter(); e0 = tev(self.dev.compute)
+    out = om(self, h, layer, ids_dev, w_dev)
+    e1 = tev(self.dev.compute)
+    REC.append(("moe", layer, t, e0, e1, time.perf_counter()))
+    return out
+st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue_run = copy_run, group, moe, issue_run
+logs = []
+eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, c.n_layer * c.n_expert // 4), config=cfg,
+               arena=arena, log=logs.append)
+print(f"# {path.split('/')[-1]} plan chunk {eq.plan.chunk} ring {eq.plan.ring} group {eq.plan.group} loan {eq.plan.loan_slots}")
+rng = np.random.default_rng(0)
+for L in lengths:
+    ids = rng.integers(0, c.n_vocab, L).tolist()
+    for _ in range(2):
+        eq.reset(); eq.prefill(ids)
+    walls = []
+    for _ in range(3):
+        eq.reset(); dev.synchronize(); t0 = time.perf_counter(); eq.prefill(ids); dev.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    REC = []
+    k0 = len(eq.stats.chunks)
+    eq.reset(); dev.synchronize()
+    base = tev(dev.compute); base.synchronize(); hb = time.perf_counter()
+    eq.prefill(ids); dev.synchronize()
+    end_h = (time.perf_counter() - hb) * 1e3
+    rec, REC = REC, None
+    g = lambda e: float(cp.cuda.get_elapsed_time(base, e))
+    cs = sorted((g(a), g(b), (hh - hb) * 1e3, l, n) for k, l, hh, a, b, n in rec if k == "copy")
+    gs = [(g(a), g(b), (hh - hb) * 1e3, l, n) for k, l, hh, a, b, n in rec if k == "group"]
+    ms = [(g(a), g(b), l) for k, l, t, a, b, t1 in rec if k == "moe"]
+    busy = sum(b - a for a, b, *_ in cs)
+    ring_full = slot_wait = 0.0
+    for j in range(1, len(cs)):
+        gap = cs[j][0] - cs[j - 1][1]
+        if gap > 0.003:
+            if cs[j][2] > cs[j - 1][1] - 0.003: ring_full += gap
+            else: slot_wait += gap
+    gbusy = sum(b - a for a, b, *_ in gs)
+    stall = 0.0; stall_by_layer = {}
+    gs_sorted = sorted(gs)
+    for j in range(1, len(gs_sorted)):
+        if gs_sorted[j][3] == gs_sorted[j - 1][3]:
+            gap = gs_sorted[j][0] - gs_sorted[j - 1][1]
+            if gap > 0.003:
+                stall += gap; stall_by_layer[gs_sorted[j][3]] = stall_by_layer.get(gs_sorted[j][3], 0) + gap
+    moe_t = sum(b - a for a, b, _ in ms)
+    end = max(b for a, b, _ in ms)
+    print(f"## {L} tokens: walls {[round(w, 1) for w in walls]} ms; timed {end_h:.1f}; chunks {eq.stats.chunks[k0:]}")
+    print(f"  copies {len(cs)}: busy {busy:.1f} ms, first start {cs[0][0]:.1f}, last end {cs[-1][1]:.1f}, GPU end {end:.1f};"
+          f" idle ring-full/host-late {ring_full:.1f}, slot-wait {slot_wait:.1f}, after last copy {end - cs[-1][1]:.1f}")
+    print(f"  compute: MoE blocks {moe_t:.1f} ms, expert groups {gbusy:.1f} ms, stalls between groups of a layer {stall:.1f} ms, outside MoE {end - moe_t:.1f} ms")
+    # per-layer summary: when the layer's copies ran vs when its groups ran
+    lay = sorted(set(l for *_, l, n in cs) | set(l for a, b, l in ms))
+    rows = []
+    for li, (a, b, l) in enumerate(ms):
+        lc = [x for x in cs if x[3] == l]
+        rows.append(f"L{l}@{a:.1f}-{b:.1f}: copies {lc[0][0]:.1f}-{lc[-1][1]:.1f} busy {sum(y - x for x, y, *_ in lc):.1f}" if lc else f"L{l}@{a:.1f}-{b:.1f}: no copies")
+    print("  " + "; ".join(rows[:24]))
