@@ -114,6 +114,34 @@ def test_budget_holding_gives_exactly_that_cache(preset):
         assert p.cache_slots == want and not p.owned_prompt
 
 
+@pytest.mark.parametrize("preset", ["flash-shape", "qwen3-30b-a3b"])
+def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset):
+    """The dense ops' step temporaries are as large as the chunk: the plan reserves them for the chunk it takes,
+    the largest the loan planner still reaches with them reserved (priced at the 8,192-token ceiling, qwen3-30b-a3b's
+    quarter cache kept ~870 MiB idle, about 340 cache slots). One grid step more does not plan."""
+    from strata.accel.buffers import temp_bytes
+    from strata.accel.memplan import budget_holding
+    from strata.policy.plan import GRID
+
+    m = _Header(preset, 8)
+    quarter = m.cfg.n_layer * m.cfg.n_expert // 4
+    budget = budget_holding(m, 8208, quarter)
+    p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget)
+    full = plan_memory(m, 1 << 42, n_ctx=8208)                      # owns its buffers: temporaries at the ceiling
+    decode_only = full.decode - temp_bytes(m.cfg, 8192)
+    assert p.chunk < 8192 and p.decode == decode_only + temp_bytes(m.cfg, p.chunk)
+    assert p.dense + p.kv + p.decode + p.cache_slots * p.slot_bytes + 700 * MIB <= budget
+    slots_then = (budget - 700 * MIB - p.dense - p.kv - full.decode) // p.slot_bytes
+    assert p.cache_slots == quarter and slots_then < quarter - 50
+    # the next grid step's temporaries leave too few slots for its own chunk
+    from strata.accel.memplan import PROMPT_GROUPS, _loan_plan, _parts
+    from strata.policy import PlannerKind
+
+    parts = _parts(m, 8208, None)
+    slots = (budget - 700 * MIB - parts.dense - parts.kv - parts.decode - temp_bytes(m.cfg, p.chunk + GRID)) // p.slot_bytes
+    assert _loan_plan(parts, slots, p.chunk + GRID, 90, PROMPT_GROUPS, PlannerKind.AUTO)[2].chunk < p.chunk + GRID
+
+
 def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     """The prompt's weight scratch (experts a launch group dequantises) competes with the chunk's rows for the
     loan: with a quarter cache of qwen3-30b-a3b the 16-expert scratch leaves room for 768 tokens, the 8-expert one
@@ -122,8 +150,10 @@ def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     from strata.accel.memplan import PROMPT_GROUPS, budget_holding
 
     m = _Header("qwen3-30b-a3b", 8)
-    budget = budget_holding(m, 8208, m.cfg.n_layer * m.cfg.n_expert // 4)
-    only16 = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(16,))
+    quarter = m.cfg.n_layer * m.cfg.n_expert // 4
+    budget = budget_holding(m, 8208, quarter)
+    # the same cache (a 768-token chunk's step temporaries are smaller than a 1,280-token one's: room to spare)
+    only16 = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget + 400 * MIB, groups=(16,), expert_cache=quarter)
     p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget)
     assert only16.group == 16 and only16.chunk == 768
     assert p.group in PROMPT_GROUPS and p.group < 16 and p.chunk >= 1.5 * only16.chunk
@@ -136,7 +166,8 @@ def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     assert p.for_prompt(Config(), Share(ShareMode.OFF), 1000)[3] == p.group
     # each size on its own plans the chunk the choice compares; no smaller scratch would plan a larger one
     for g in PROMPT_GROUPS:
-        assert plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, groups=(g,)).chunk <= p.chunk
+        one = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget + 400 * MIB, groups=(g,), expert_cache=quarter)
+        assert one.chunk <= p.chunk
     # where the 16-expert scratch already reaches the ceiling, it stays
     half = budget_holding(m, 1000, m.cfg.n_layer * m.cfg.n_expert // 2)
     roomy = plan_memory(m, 1 << 42, n_ctx=1000, vram_budget=half)

@@ -81,44 +81,114 @@ def kv_bytes(cfg, n_ctx: int) -> int:
 def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = 700,
                 expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90,
                 groups: tuple[int, ...] = PROMPT_GROUPS) -> MemoryPlan:
-    """groups: the prompt weight scratch sizes to try, largest first (the largest chunk wins, ties the largest)."""
+    """groups: the prompt weight scratch sizes to try, largest first (the largest chunk wins, ties the largest).
+    The dense ops' step temporaries are priced at the chunk the plan takes: the largest chunk that still plans
+    itself with its own temporaries reserved (priced at the 8,192-token ceiling, qwen3-30b-a3b's quarter cache at
+    8K context kept 1.07 GB for a 1,280-token chunk's 0.17, about 350 cache slots)."""
     cfg = model.cfg
     budget = min(free_bytes, vram_budget if vram_budget else free_bytes) - reserve_mib * MIB
-    slot = slot_bytes_for(model.max_blob_bytes())
-    n_pairs = cfg.n_layer * cfg.n_expert
-    dense, kv = dense_bytes(model), kv_bytes(cfg, n_ctx)
-    ceiling = chunk or max(GRID, min(8192, n_ctx) // GRID * GRID)     # a fixed chunk may be off the grid
-    decode = layout_bytes(cfg, MAXT, GROUP, attn_scratch_bytes(cfg, MAXT, n_ctx)) + ROUTED_ONLY_RING * slot
-    temps = temp_bytes(cfg, ceiling)     # the dense ops' step temporaries come from the memory pool
-    fixed = dense + kv + decode + temps
-    avail = budget - fixed
-    if avail < 0:
-        raise VramShortfall(f"the model needs {fixed / MIB:,.0f} MiB of VRAM before any expert (dense "
-                            f"{dense / MIB:,.0f} + KV {kv / MIB:,.0f} for {n_ctx} tokens + decode {decode / MIB:,.0f}"
-                            f" + step temporaries {temps / MIB:,.0f}),"
+    b = _parts(model, n_ctx, chunk)
+    slot, ceiling, decode = b.slot, b.ceiling, b.decode
+    base = b.dense + b.kv + decode
+    least = temp_bytes(cfg, min(GRID, ceiling))          # what the smallest chunk's temporaries take
+    if budget - base - least < 0:
+        need = base + least
+        raise VramShortfall(f"the model needs {need / MIB:,.0f} MiB of VRAM before any expert (dense "
+                            f"{b.dense / MIB:,.0f} + KV {b.kv / MIB:,.0f} for {n_ctx} tokens + decode "
+                            f"{decode / MIB:,.0f} + step temporaries {least / MIB:,.0f}),"
                             f" but the budget is {budget / MIB:,.0f} MiB after a {reserve_mib} MiB reserve: "
-                            f"{-avail / MIB:,.0f} MiB short (lower --ctx, or raise --vram-budget)")
-    ring = ring_budget_slots(slot)
-
+                            f"{(need - budget) / MIB:,.0f} MiB short (lower --ctx, or raise --vram-budget)")
     assert groups and all(g >= 1 for g in groups), groups
-
-    def prompt_bytes(t: int, group: int) -> int:
-        return layout_bytes(cfg, t, group, attn_scratch_bytes(cfg, t, n_ctx))
-
     # the cache asked for (all experts by default) and the prompt path's own buffers beside it: no loan needed
+    n_pairs = cfg.n_layer * cfg.n_expert
     want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs
-    own = prompt_bytes(ceiling, groups[0]) + ring * slot
-    if avail >= want * slot + own:
-        return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, want, ceiling, 0, ring, own,
-                          True, group=groups[0])
-    slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
+    temps = temp_bytes(cfg, ceiling)
+    own = b.prompt_bytes(ceiling, groups[0]) + b.ring * slot
+    if budget - base - temps >= want * slot + own:
+        return MemoryPlan(budget + reserve_mib * MIB, b.dense, b.kv, decode + temps, slot, want, ceiling, 0, b.ring,
+                          own, True, group=groups[0])
+    # a chunk's temporaries shrink the cache its loan comes from: the plan takes the largest chunk c that the loan
+    # planner still reaches with c's temporaries reserved. Reaching is monotone (a smaller c frees slots, and more
+    # slots never plan a smaller chunk), so a binary search over the grid finds it. A fixed chunk prices its own.
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
-    # the weight scratch competes with the chunk's rows for the loan: with a small cache a smaller scratch buys a
-    # chunk several times larger (a quarter cache of qwen3-30b-a3b at 8K context: 256 tokens with 16, 768 with 8)
+
+    def attempt(cap: int):
+        temps = temp_bytes(cfg, cap)
+        avail = budget - base - temps
+        slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
+        if slots < 0:
+            raise PlanError(f"the step temporaries of a {cap}-token chunk leave no room for the expert cache")
+        return (temps, slots) + _loan_plan(b, slots, b.ceiling if kind is PlannerKind.AUTO else cap, lend_pct,
+                                           groups, kind)
+
+    def reaches(cap: int):
+        try:
+            got = attempt(cap)
+        except PlanError:
+            return None
+        return got if kind is PlannerKind.FIXED or got[4].chunk >= cap else None
+
+    if kind is PlannerKind.FIXED:
+        cap, got = ceiling, reaches(ceiling)
+    else:
+        lo, hi, cap, got = 1, max(1, ceiling // GRID), None, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            r = reaches(mid * GRID)
+            if r is not None:
+                lo, cap, got = mid + 1, mid * GRID, r
+            else:
+                hi = mid - 1
+    if got is None:
+        try:
+            attempt(min(GRID, ceiling))
+            raise AssertionError("the smallest chunk plans, yet the search found none")
+        except PlanError as e:
+            avail = budget - base - least
+            raise VramShortfall(f"{e}; the expert cache has {max(0, avail // slot)} slots of {slot / MIB:.2f} MiB "
+                                f"in a budget of {budget / MIB:,.0f} MiB") from None
+    temps, slots, g, req, cp, reqs = got
+    if kind is PlannerKind.AUTO:                  # the plan capped at the chunk its temporaries were priced for
+        g, req, cp, reqs = _loan_plan(b, slots, cap, lend_pct, groups, kind)
+    return MemoryPlan(budget + reserve_mib * MIB, b.dense, b.kv, decode + temps, slot, slots, min(cp.chunk, cap),
+                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g,
+                      larger=tuple((h, r) for h, r in reqs if h > g))
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a plan needs besides the cache, independent of the budget."""
+
+    cfg: object
+    n_ctx: int
+    dense: int
+    kv: int
+    decode: int              # decode-only buffers and ring (its step temporaries are priced with the chunk's)
+    slot: int
+    ceiling: int             # the largest chunk considered (a fixed chunk may be off the grid)
+    ring: int                # the byte-budget ring
+
+    def prompt_bytes(self, t: int, group: int) -> int:
+        return layout_bytes(self.cfg, t, group, attn_scratch_bytes(self.cfg, t, self.n_ctx))
+
+
+def _parts(model, n_ctx: int, chunk: int | None) -> _Parts:
+    cfg = model.cfg
+    slot = slot_bytes_for(model.max_blob_bytes())
+    decode = layout_bytes(cfg, MAXT, GROUP, attn_scratch_bytes(cfg, MAXT, n_ctx)) + ROUTED_ONLY_RING * slot
+    return _Parts(cfg, n_ctx, dense_bytes(model), kv_bytes(cfg, n_ctx), decode, slot,
+                  chunk or max(GRID, min(8192, n_ctx) // GRID * GRID), ring_budget_slots(slot))
+
+
+def _loan_plan(b: _Parts, slots: int, ceiling: int, lend_pct: int, groups, kind):
+    """(group, LoanRequest, ChunkPlan, every group's request) of the largest chunk up to `ceiling` over the weight
+    scratch sizes: it competes with the chunk's rows for the loan, and with a small cache a smaller scratch buys a
+    chunk several times larger (a quarter cache of qwen3-30b-a3b at 8K context: 256 tokens with 16, 768 with 8).
+    Raises the smallest scratch's PlanError when none plans."""
     best, err, reqs = None, None, []
     for g in groups:
-        req = LoanRequest(cache_slots=slots, slot_bytes=slot, buffer_bytes=functools.partial(prompt_bytes, group=g),
-                          ring=ring, lend_pct=lend_pct, ceiling=max(GRID, ceiling))
+        req = LoanRequest(cache_slots=slots, slot_bytes=b.slot, buffer_bytes=functools.partial(b.prompt_bytes, group=g),
+                          ring=b.ring, lend_pct=lend_pct, ceiling=max(GRID, ceiling))
         reqs.append((g, req))
         try:
             cp = PLANNERS.get(kind)().plan(req)
@@ -128,17 +198,15 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
         if best is None or min(cp.chunk, ceiling) > min(best[2].chunk, ceiling):
             best = (g, req, cp)
     if best is None:
-        raise VramShortfall(f"{err}; the expert cache has {slots} slots of {slot / MIB:.2f} MiB in a budget of "
-                            f"{budget / MIB:,.0f} MiB") from None
-    g, req, cp = best
-    return MemoryPlan(budget + reserve_mib * MIB, dense, kv, decode + temps, slot, slots, min(cp.chunk, ceiling),
-                      cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g,
-                      larger=tuple((h, r) for h, r in reqs if h > g))
+        raise err
+    return best + (reqs,)
 
 
 def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:
     """The VRAM budget whose plan has room for exactly `cache_slots` expert slots beside everything else it
-    needs (dense weights, KV, decode buffers and step temporaries, the reserve): what emulating a smaller card
-    for a given cache size takes (the benchmarks' quarter-size caches)."""
-    full = plan_memory(model, 1 << 62, n_ctx=n_ctx, reserve_mib=reserve_mib)   # those parts ignore the budget
-    return full.dense + full.kv + full.decode + reserve_mib * MIB + cache_slots * full.slot_bytes
+    needs (dense weights, KV, decode buffers, the step temporaries of the chunk such a cache plans, the reserve):
+    what emulating a smaller card for a given cache size takes (the benchmarks' quarter-size caches)."""
+    b = _parts(model, n_ctx, None)
+    _, _, cp, _ = _loan_plan(b, cache_slots, b.ceiling, 90, PROMPT_GROUPS, PlannerKind.AUTO)
+    temps = temp_bytes(model.cfg, min(cp.chunk, b.ceiling))
+    return b.dense + b.kv + b.decode + temps + reserve_mib * MIB + cache_slots * b.slot
