@@ -144,12 +144,13 @@ def test_adaptive_tier_moves_experts_without_changing_bits(kind):
 
 
 def test_a_prompt_borrows_only_what_it_lays_out():
-    """policy.prompt_loan through the engine (host twin): a short prompt borrows its own layout and a 16-slot ring,
+    """policy.prompt_loan through the engine (host twin): a short prompt borrows its layout and the routed-only ring,
     a prompt of a full chunk the plan's whole loan; the logits are the bits of an engine that owns its buffers
     (the loan path carves the same buffers from lent cache slots)."""
     from strata.accel.device.host import HostDevice
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
+    from strata.policy.stream import ROUTED_ONLY_SLOTS
 
     m = models.load(golden.model_path("strata-tiny"))
     n_ctx = 1100
@@ -167,7 +168,8 @@ def test_a_prompt_borrows_only_what_it_lays_out():
                 if budget is not None:
                     layout, ring, loan, _ = e.plan.for_prompt(e.config, e.share, len(ids))
                     assert e.stats.loan_slots == loan and e.cache.lent == 0
-                    assert (layout, ring) == ((256, 16) if len(ids) < 256 else (e.plan.chunk, e.plan.ring))
+                    small = (256, ROUTED_ONLY_SLOTS)
+                    assert (layout, ring) == (small if len(ids) < 256 else (e.plan.chunk, e.plan.ring))
                     assert (loan < e.plan.loan_slots) == (len(ids) < 256)
         finally:
             dev.close()

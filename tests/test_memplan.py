@@ -138,7 +138,8 @@ def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset):
     from strata.policy import PlannerKind
 
     parts = _parts(m, 8208, None)
-    slots = (budget - 700 * MIB - parts.dense - parts.kv - parts.decode - temp_bytes(m.cfg, p.chunk + GRID)) // p.slot_bytes
+    room = budget - 700 * MIB - parts.dense - parts.kv - parts.decode - temp_bytes(m.cfg, p.chunk + GRID)
+    slots = room // p.slot_bytes
     assert _loan_plan(parts, slots, p.chunk + GRID, 90, PROMPT_GROUPS, PlannerKind.AUTO)[2].chunk < p.chunk + GRID
 
 

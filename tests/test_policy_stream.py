@@ -1,7 +1,10 @@
 """The stream plan (SPEC §3): stream_all_min, the walk, ring slots, streaming order."""
 
+from strata.policy.stream import ROUTED_ONLY_GROUP, ROUTED_ONLY_SLOTS
+
 from strata.policy import (
     Config,
+    routed_group,
     ShareMode,
     StreamWaste,
     Walk,
@@ -36,17 +39,27 @@ def test_ring_budget():
 
 def test_ring_slots_and_walk():
     c = Config()
-    assert ring_slots(c, OFF, 1023, 1_382_400) == 16  # 8 in flight beside the 8 being computed
+    assert ring_slots(c, OFF, 1023, 1_382_400) == ROUTED_ONLY_SLOTS  # a group in flight beside one computing
     assert ring_slots(c, OFF, 1024, 1_382_400) == 384
-    assert ring_slots(c, AUTO, 2048, 1_382_400) == 16  # explicit auto: chunks below 3072 share
+    assert ring_slots(c, AUTO, 2048, 1_382_400) == ROUTED_ONLY_SLOTS  # explicit auto: chunks below 3072 share
     assert ring_slots(c, OFF, 4096, 1_382_400, planned=200) == 200
-    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == 16  # <= 8 = routed-only always
+    assert ring_slots(Config(ring=8), OFF, 8192, 1_382_400) == ROUTED_ONLY_SLOTS  # <= 8 = routed-only always
     assert walk_for(Config(ring=8), OFF, 8192, 16) is Walk.ROUTED_ONLY
     assert ring_slots(Config(ring=12), OFF, 8192, 1_382_400) == 16
     assert ring_slots(Config(ring=9999), OFF, 8192, 1_382_400) == 512
     assert walk_for(c, OFF, 1024, 384) is Walk.STREAM_ALL
     assert walk_for(c, OFF, 1000, 384) is Walk.ROUTED_ONLY  # the last, shorter chunk of a big layout
     assert walk_for(c, OFF, 4096, 8) is Walk.ROUTED_ONLY
+
+
+def test_routed_only_groups():
+    """ours: routed-only launch groups of up to ROUTED_ONLY_GROUP, half the ring, at most the weight scratch; the
+    routed-only ring holds two of them."""
+    assert ROUTED_ONLY_SLOTS == 2 * ROUTED_ONLY_GROUP
+    assert routed_group(ROUTED_ONLY_SLOTS, 16) == ROUTED_ONLY_GROUP == 16
+    assert routed_group(ROUTED_ONLY_SLOTS, 8) == 8          # a small weight scratch
+    assert routed_group(8, 16) == 4                         # decode's 8-slot ring
+    assert routed_group(18, 8) == 8 and routed_group(1, 8) == 1
 
 
 def test_orders():

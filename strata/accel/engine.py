@@ -22,7 +22,7 @@ from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
-from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, StreamWaste, Walk as WalkKind,
+from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, StreamWaste, Walk as WalkKind, routed_group,
                                   stream_all_queue, walk_for, walk_runs)
 
 
@@ -351,7 +351,8 @@ class GpuEngine:
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
         walk = None
         if self._walk is None and parts[1].size:     # routed-only: the first copies go before the layout and
-            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()], threaded=False)
+            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()], threaded=False,
+                        group=routed_group(self._ring.n, self._runner.bufs.group))
             walk.prefetch()                          # tables are built (the link idles from the sync until then)
         lay = row_layout(ids, cnt, parts)
         if self._decode:
@@ -373,10 +374,10 @@ class GpuEngine:
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
             walk = self._walk
             sgroups, unrouted = self._stream_all_groups(layer, lay)
-        elif walk is not None:       # routed-only: this layer's streamed experts in id order, 8 copies ahead
-            # groups of 8 (4 in decode's 8-slot ring): one group's copies land while the group before computes
-            sgroups = walk_runs(list(range(len(lay.streamed))),
-                                min(ROUTED_ONLY_RING, self._ring.n // 2, self._runner.bufs.group), self._ring.n)
+        elif walk is not None:       # routed-only: this layer's streamed experts in id order, a group ahead
+            # (policy.routed_group: 16 a group, 4 in decode's 8-slot ring): one group's copies land while the group
+            # before computes
+            sgroups = walk_runs(list(range(len(lay.streamed))), walk.group, self._ring.n)
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]

@@ -207,6 +207,9 @@ def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) 
     needs (dense weights, KV, decode buffers, the step temporaries of the chunk such a cache plans, the reserve):
     what emulating a smaller card for a given cache size takes (the benchmarks' quarter-size caches)."""
     b = _parts(model, n_ctx, None)
-    _, _, cp, _ = _loan_plan(b, cache_slots, b.ceiling, 90, PROMPT_GROUPS, PlannerKind.AUTO)
+    try:
+        _, _, cp, _ = _loan_plan(b, cache_slots, b.ceiling, 90, PROMPT_GROUPS, PlannerKind.AUTO)
+    except PlanError as e:
+        raise VramShortfall(f"{e}: a cache of {cache_slots} slots cannot lend a prompt its buffers") from None
     temps = temp_bytes(model.cfg, min(cp.chunk, b.ceiling))
     return b.dense + b.kv + b.decode + temps + reserve_mib * MIB + cache_slots * b.slot

@@ -25,9 +25,10 @@ class Ring:
         self.copies = 0                      # experts copied
         self.transfers = 0                   # copy calls (a run of neighbouring experts is one)
 
-    def copy_run(self, s0: int, blobs: np.ndarray):
+    def copy_run(self, s0: int, blobs: np.ndarray, record: bool = True):
         """Copy m consecutive blobs (pinned [m, blob]) into slots s0 .. s0+m-1 once their last readers are
-        done; one transfer when a slot is exactly a blob. Returns the event recorded after the copy."""
+        done; one transfer when a slot is exactly a blob. Returns the event recorded after the copy (None when
+        `record` is off: a later copy's event covers this one, the copy stream being in order)."""
         m, nb = blobs.shape
         for i in range(s0, s0 + m):
             used = self.used[i]
@@ -41,8 +42,10 @@ class Ring:
             for j in range(m):
                 self.dev.h2d(self.buf[s0 + j, :nb], blobs[j], self.dev.copy)
             self.transfers += m
-        ev = self.dev.event()
-        ev.record(self.dev.copy)
+        ev = None
+        if record:
+            ev = self.dev.event()
+            ev.record(self.dev.copy)
         self.bytes_in += blobs.nbytes
         self.copies += m
         return ev
@@ -62,8 +65,11 @@ class Walk:
     unrouted entry inside a group's span), and `consumed` is the watermark: every entry below it is done,
     which is what issuing entry k + R needs."""
 
-    def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool):
+    def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool, group: int | None = None):
         self.ring, self.arena, self.entries = ring, arena, entries
+        # the routed-only walk computes entries in groups of `group` in queue order: only a copy that carries a
+        # group's last entry needs an event (a CUDA event per copy run was a tenth of a short prompt's host time)
+        self.group = group
         self.issued = 0           # entries [0, issued) have their copy enqueued
         self.consumed = 0         # watermark: entries [0, consumed) are all done
         self._done = np.zeros(len(entries) + 1, bool)
@@ -87,7 +93,9 @@ class Walk:
         k1 = k0 + 1
         while (k1 < limit and self.entries[k1] == (l, e0 + k1 - k0) and self.slot(k1) == self.slot(k0) + k1 - k0):
             k1 += 1
-        ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0])
+        g = self.group
+        ends = g is None or k1 // g > k0 // g or k1 == len(self.entries)      # carries a group's last entry
+        ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0], record=ends)
         for k in range(k0, k1):
             self._copied[k] = ev
         return k1
@@ -140,7 +148,9 @@ class Walk:
     def acquire(self, ks: list[int]) -> None:
         """Make later compute wait for entries `ks` (issued, in order): copies land in order, so the event of
         the copy that carried the last one covers them all."""
-        self.ring.dev.compute.wait(self._copied[ks[-1]])
+        ev = self._copied[ks[-1]]
+        assert ev is not None, f"entries {ks} end no group of {self.group}"
+        self.ring.dev.compute.wait(ev)
 
     def consume(self, ks: list[int]) -> None:
         """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""

@@ -13,10 +13,13 @@ from .env import Config, Share
 
 STREAM_ALL_MIN_OFF = 1024  # stream_all_min() without the share and without an override
 ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's transfers in flight ahead of compute
-# ours: the routed-only walk's device slots hold those 8 beside the 8 being computed (groups of 8), so copies
-# never wait for the group before. 8 slots in groups of 4 cost qwen3's 250-token prompt 17% on the H200 (29.6 ->
-# 34.6 ms, twice the launches, host-bound; bench/results/h200/prefill_q8_ring8.log)
-ROUTED_ONLY_SLOTS = 2 * ROUTED_ONLY_RING
+# ours: the routed-only walk computes its experts in launch groups of up to ROUTED_ONLY_GROUP, its device slots
+# holding one group's copies beside the group being computed, so copies never wait for the group before. The
+# Python host enqueues each group's launches and copies, and a short prompt is host-bound: 8 slots in groups of 4
+# cost qwen3's 250-token prompt 17% on the H200 against 16 in groups of 8 (prefill_q8_ring8.log); flash-shape's
+# 250-token prompt spent ~45 ms of host time in 280 groups of 8 (prefill_host_profile_stop18.log).
+ROUTED_ONLY_GROUP = 16
+ROUTED_ONLY_SLOTS = 2 * ROUTED_ONLY_GROUP
 RING_BUDGET_BYTES = 384 * 1_382_400  # #583 byte budget: 384 Q2_0 blobs' worth of ring (SPEC §3)
 RING_MIN, RING_MAX = 16, 512  # clamp of the byte-budget ring (ring_cap() without the fused ring)
 
@@ -128,6 +131,12 @@ def resident_runs(many: Sequence[bool], scratch: int) -> list[list[int]]:
         cur.append(i)
         n_many += m
     return out + ([cur] if cur else [])
+
+
+def routed_group(ring: int, scratch: int) -> int:
+    """Experts a routed-only launch group holds at most: ROUTED_ONLY_GROUP, half the ring (one group's copies land
+    while the group before computes), and the weight scratch. The engine and the simulator group this way."""
+    return max(1, min(ROUTED_ONLY_GROUP, ring // 2, scratch))
 
 
 def walk_runs(entries: Sequence[int], limit: int, ring: int) -> list[list[int]]:
