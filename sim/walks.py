@@ -6,7 +6,7 @@ own (policy.resident_runs, policy.walk_runs). The group functions are pure; ``En
 
 from __future__ import annotations
 
-from strata.policy import ROUTED_ONLY_RING, resident_runs, stream_all_queue, walk_runs
+from strata.policy import resident_runs, routed_group, stream_all_queue, walk_runs
 
 from .costs import FEW_ROWS
 
@@ -48,13 +48,13 @@ class EngineWalks:
         return [[rid[i] for i in g] for g in resident_groups([int(cnt[e]) for e in rid], self.group)]
 
     def _engine_routed_walk(self, l: int, cnt, cpu: set):
-        """Routed-only: the streamed experts in id order, in groups of at most 8 (half the walk's 16 slots) and the
-        weight scratch; a copy is issued when the host reaches its group and reuses the slot of the expert R
-        copies back once that one's group was computed. Returns each streamed expert's group completion."""
+        """Routed-only: the streamed experts in id order, in groups of policy.routed_group (at most half the walk's
+        slots and the weight scratch); a copy is issued when the host reaches its group and reuses the slot of the
+        expert R copies back once that one's group was computed. Returns each streamed expert's group completion."""
         c, res, R = self.costs, self.result, self.ring
         rg = self._resident_groups(l, cnt)
         sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
-        sg = walk_runs(list(range(len(sid))), min(ROUTED_ONLY_RING, R // 2, self.group), R)
+        sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
         done: list = []
         for kind, i in compute_order(len(rg), len(sg)):
             if kind == "res":
