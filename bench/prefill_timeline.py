@@ -31,15 +31,15 @@ state = {"layer": -1}
 def issue_run(self, limit):
     tl.layer = self.entries[self.issued][0]
     return oi(self, limit)
-def copy_run(self, s0, blobs):
+def copy_run(self, s0, blobs, record=True):
     if REC is None:
-        return oc(self, s0, blobs)
+        return oc(self, s0, blobs, record)
     h = time.perf_counter()
     for i in range(s0, s0 + blobs.shape[0]):
         u = self.used[i]
         if u is not None and u is not self._waited:
             self.dev.copy.wait(u); self._waited = u
-    e0 = tev(self.dev.copy); ev = oc(self, s0, blobs); e1 = tev(self.dev.copy)
+    e0 = tev(self.dev.copy); ev = oc(self, s0, blobs, record); e1 = tev(self.dev.copy)
     REC.append(("copy", getattr(tl, "layer", state["layer"]), h, e0, e1, blobs.shape[0]))
     return ev
 def group(self, layer, members, tab, lay, on_released=None):
