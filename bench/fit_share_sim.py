@@ -1,9 +1,11 @@
 """Fit the simulator's H200 constants to bench/cpu_share.py runs, and show how well every column then agrees.
 
 python bench/fit_share_sim.py --model f8.gguf --fit RUN.json:TRACE.npz [--fit ...] [--check RUN.json:TRACE.npz ...]
+                            [--pool cpu_pool.json] [--routed-group 8] [--jobs 2]
 
 Stage 1 fits the CPU pool's cost model (sim/costs.py: cycles a weight to unpack an i-quant, cycles a weight a
-token or, with --pool, the measured cost by token count), fixed costs (on a machine with the original's MMQ
+token or, with --pool, the measured cost by token count; where the --fit runs differ in pool workers, the CPU's
+clock with one core busy, sim/hardware.py CPU.turbo_ghz), fixed costs (on a machine with the original's MMQ
 experts the GPU's per expert, gpu_expert_us; with this engine's, whose GPU ops are modelled by op, the layer's time
 with the link idle that no other term holds, group_us + group_us_per_pair a (token, k) pair) and the host's slowdown
 while the pool runs (host_issue_factor) to the off and fixed-share columns of the --fit runs (repeats of one
@@ -12,7 +14,8 @@ engine's own pool at the share's token counts (1..8), with the DMA beside it; th
 is the catalogue's, measured. The bench times each prompt with the previous prompt's loan refilled, and each
 prompt borrows its own loan (share_sim.predict: the same residency). Stage 2 fits, for each --check run held to
 an emulated link (STRATA_DBG_LINK_GBPS), the per-copy cost of that emulation to its off
-column alone. Every other column (the fit runs' auto; the checks' shares and auto) is a prediction. Prints the
+column alone. Every other column (the fit runs' auto; the checks' shares and auto) is a prediction. A run is
+RUN.json[@label]:TRACE.npz, the label one of the JSON's configurations ("small_pool"; the first if absent). Prints the
 constants and the tables; the catalogue (sim/data/catalogue.json) carries the stage-1 constants with this command
 as source.
 """
@@ -20,7 +23,9 @@ as source.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 
@@ -51,11 +56,29 @@ def token_curves(pool_json: str) -> dict:
     return out
 
 
+def thread_lines(pool_json: str, cpu) -> str:
+    """bench/cpu_pool.py's speed a thread by thread count (phased pool, every thread computing) against the
+    clock the CPU model gives that many busy cores, both relative to the largest count: a check of the turbo."""
+    rows = [r for r in json.load(open(pool_json))["experts"] if not r.get("pipeline")]
+    top = max(r["threads"] for r in rows)
+    out = []
+    for name in sorted({r["type"] for r in rows}):
+        for t in sorted({r["tokens"] for r in rows if r["type"] == name}):
+            rate = {r["threads"]: r["experts_per_s"] / r["threads"] for r in rows
+                    if r["type"] == name and r["tokens"] == t}
+            out.append(f"  {name} {t} tok: " + ", ".join(
+                f"{n} thr x{rate[n] / rate[top]:.2f}/{cpu.clock_at(n) / cpu.clock_at(top):.2f}" for n in sorted(rate)))
+    return (f"speed a thread against {top} threads, measured ({pool_json}) / the model's clock:\n"
+            + "\n".join(out))
+
+
 def _load(m, spec: str):
     from sim.workload import TraceRouting
 
     path, trace = spec.split(":")
-    rep = next(iter(json.load(open(path)).values()))
+    path, _, label = path.partition("@")
+    reps = json.load(open(path))
+    rep = reps[label.replace("_", " ")] if label else next(iter(reps.values()))
     table = {int(L): row for L, row in rep["table"].items()}
     lengths = sorted(table)
     names = list(next(iter(table.values())))
@@ -63,13 +86,27 @@ def _load(m, spec: str):
     with np.load(trace) as z:
         routing = TraceRouting(np.asarray(z["ids"], np.int64))
     return dict(table=table, lengths=lengths, names=names, plan=plan, n_ctx=n_ctx, routing=routing,
-                workers=rep["workers"], link=rep.get("link_gbps"), path=path,
+                workers=rep["workers"], link=rep.get("link_gbps"), path=path + (f"@{label}" if label else ""),
                 auto_share={int(c): v["share"] for c, v in rep.get("auto_classes", {}).items()})
 
 
-def _pred(m, run, machine, calib, copy_us=0.0):   # (copy_us matters only for a run on an emulated link)
-    return predict(m, run["plan"], run["lengths"], run["names"], run["workers"], run["n_ctx"], machine,
-                   run["routing"], run["link"], calib, copy_us)
+def _pred(m, run, machine, calib, copy_us=0.0, cpu=None, names=None):   # (copy_us: a run on an emulated link)
+    return predict(m, run["plan"], run["lengths"], names or run["names"], run["workers"], run["n_ctx"], machine,
+                   run["routing"], run["link"], calib, copy_us, cpu=cpu, routed_group=_STATE.get("routed"))
+
+
+def _fitted(run) -> list[str]:
+    """The columns stage 1 fits: off and the fixed shares (auto is a prediction)."""
+    return [n for n in run["names"] if n != "auto"]
+
+
+_STATE: dict = {}   # the model, the --fit runs and --routed-group, for _pred and the forked workers of --jobs
+
+
+def _fit_errs(args) -> list[float]:
+    i, machine, calib, cpu = args
+    m, run = _STATE["m"], _STATE["fits"][i]
+    return _err(run, _pred(m, run, machine, calib, cpu=cpu, names=_fitted(run)), _fitted(run))
 
 
 def _err(run, pred, cols):
@@ -86,6 +123,9 @@ def main():
     ap.add_argument("--machine", default="h200-host16")
     ap.add_argument("--pool", help="bench/cpu_pool.py --json at 1..8 tokens on this machine: the CPU's cost by "
                     "token count (else the linear unpack + mac x tokens model, its mac fitted too)")
+    ap.add_argument("--routed-group", type=int, help="the runs' routed-only launch group (share_sim.routed_walk: 8 "
+                    "before b1162ae, stop 18; default: today's)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for stage 1's runs (the result is the same)")
     a = ap.parse_args()
     from sim.calibration import CALIB
     from strata.policy import size_class_floor
@@ -93,10 +133,12 @@ def main():
     from strata import models
 
     m = models.load(a.model)
+    _STATE["routed"] = a.routed_group
     base = machine(a.machine).calib
     fits = [_load(m, spec) for spec in a.fit]
-    shares = [n for n in fits[0]["names"] if n not in ("off", "auto")]
-    assert all(f["names"] == fits[0]["names"] for f in fits), "the --fit runs must have the same columns"
+    cpu0 = machine(a.machine).cpu
+    # a pool of one worker beside pools of many tells its clock with one core busy from the all-core one
+    turbo = len({f["workers"] for f in fits}) > 1
 
     curves = token_curves(a.pool) if a.pool else {}
     if curves:
@@ -119,21 +161,38 @@ def main():
         out |= {f: x.pop(0) for f in fixed}
         return out | {"host_issue_factor": x.pop(0)}
 
+    def cpu_of(x):   # the last parameter, when fitted: the one-core clock, at least the all-core one
+        return {"turbo_ghz": max(float(np.exp(x[-1])), cpu0.clock_ghz)} if turbo else None
+
+    def split(x):
+        return calib_of(x[:-1] if turbo else x), cpu_of(x)
+
+    _STATE.update(m=m, fits=fits)
+    import sim.engine  # noqa: F401 (before the fork: every worker runs the code the main process runs)
+
+    sys.stdout.flush()   # a forked worker would print what is buffered again
+    workers = multiprocessing.get_context("fork").Pool(a.jobs) if a.jobs > 1 else None
+
     def loss(x):
-        c = calib_of(x)
-        errs = [e for f in fits for e in _err(f, _pred(m, f, a.machine, c), ["off"] + shares)]
+        c, cpu = split(x)
+        jobs = [(i, a.machine, c, cpu) for i in range(len(fits))]
+        errs = sum((workers.map(_fit_errs, jobs) if workers else map(_fit_errs, jobs)), [])
         return float(np.mean(np.square(errs)))
 
     # the fit works in logs. The fixed cost is fitted beside the CPU's constants: with each prompt borrowing only
     # its own loan, more experts stay resident and the off column turned on it (-10..-15% at the catalogue's
     # 12.76 us an expert, stop 15). The pool's cost per job stays the catalogue's: no column moves with it.
     x0 = ([base["cpu_cycles_per_weight"]["iq"]] + ([] if curves else [base["cpu_cycles_per_mac"]])
-          + [base.get(f, v) for f, v in fixed.items()] + [base.get("host_issue_factor", 1.87)])
+          + [base.get(f, v) for f, v in fixed.items()] + [base.get("host_issue_factor", 1.87)]
+          + ([cpu0.turbo_ghz or 1.3 * cpu0.clock_ghz] if turbo else []))
     res = minimize(loss, np.log(x0), method="Nelder-Mead",
                    options=dict(xatol=0.01, fatol=1e-5, maxfev=55 * (len(x0) - 1)))
-    calib = calib_of(res.x)
-    preds = [_pred(m, f, a.machine, calib) for f in fits]
-    print(f"stage 1 (the CPU pool, from {['off'] + shares} of {', '.join(f['path'] for f in fits)}): iq "
+    if workers:
+        workers.close()
+    calib, cpu = split(res.x)
+    preds = [_pred(m, f, a.machine, calib, cpu=cpu) for f in fits]
+    runs = ", ".join(f"{f['path']} ({f['workers']}w)" for f in fits)
+    print(f"stage 1 (the CPU pool, from the off and fixed-share columns of {runs}): iq "
           f"{calib['cpu_cycles_per_weight']['iq']:.3f} cycles a weight"
           + ("" if curves else f", {calib['cpu_cycles_per_mac']:.4f} a weight a token")
           + (f"; the GPU's {calib['gpu_expert_us']:.2f} us an expert beyond its roofline" if mmq else
@@ -141,9 +200,14 @@ def main():
              f"{calib['group_us_per_pair']:.3f} us a (token, k) pair")
           + "; host time per streamed "
           f"expert x{calib['host_issue_factor']:.2f} "
-          f"while the pool runs; the meter's share per size class, simulated against the engine's (first run): "
+          f"while the pool runs"
+          + (f"; the CPU's clock {cpu['turbo_ghz']:.2f} GHz with one core busy ({cpu0.clock_ghz:g} with all "
+             f"{cpu0.cores}): x{cpu['turbo_ghz'] / cpu0.clock_ghz:.2f}" if turbo else "")
+          + "; the meter's share per size class, simulated against the engine's (first run): "
           + ", ".join(f"{size_class_floor(c)}+ tokens {s:.2f}/{fits[0]['auto_share'].get(c, float('nan')):.2f}"
                       for c, s in sorted(preds[0]["auto_share"].items())))
+    if turbo and a.pool:
+        print(thread_lines(a.pool, dataclasses.replace(cpu0, **cpu)))
     for f, pred in zip(fits, preds):
         print(f"{f['path']}:")
         print("\n".join(comparison_lines(f["table"], pred, f["lengths"], f["names"])))
@@ -151,14 +215,16 @@ def main():
         run = _load(m, spec)
         copy_us = 0.0
         if run["link"]:
-            one = minimize_scalar(lambda c: float(np.mean(np.square(_err(run, _pred(m, run, a.machine, calib, c),
-                                                                          ["off"])))),
+            one = minimize_scalar(lambda c: float(np.mean(np.square(_err(run, _pred(m, run, a.machine, calib, c, cpu,
+                                                                                    ["off"]), ["off"])))),
                                   bounds=(0.0, 200.0), method="bounded", options=dict(xatol=0.5))
             copy_us = float(one.x)
             print(f"\nstage 2 ({run['path']}, link held to {run['link']:g} GB/s): {copy_us:.1f} us a copy, "
                   f"from its off column")
-        print("\n".join(comparison_lines(run["table"], _pred(m, run, a.machine, calib, copy_us), run["lengths"],
-                                         run["names"])))
+        else:
+            print(f"\ncheck ({run['path']}, {run['workers']} pool workers):")
+        print("\n".join(comparison_lines(run["table"], _pred(m, run, a.machine, calib, copy_us, cpu),
+                                         run["lengths"], run["names"])))
 
 
 if __name__ == "__main__":

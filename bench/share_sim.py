@@ -6,6 +6,7 @@ one prompt each; auto is simulated over every length twice with one session, the
 bench measures auto's steady state (SPEC §6: the gate persists across requests).
 
 python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz] [--machine h200-host16]
+                          [--routed-group 8]
 
 A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens.
 """
@@ -13,6 +14,7 @@ A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -40,21 +42,48 @@ def sim_model_of(m):
 
 # what one copy of the engine's emulated link (STRATA_DBG_LINK_GBPS) costs beyond n / GB/s on the H200: the
 # stamp and hold kernels' launches and gaps on the copy stream; bench/fit_share_sim.py stage 2, fitted to the off
-# column of bench/results/h200/share_f_link12_stop15.json (12 GB/s) alone (stop 17's simulator; stop 15's gave 11.1).
-EMULATED_COPY_US = 6.9
+# column of bench/results/h200/share_f_link12_stop15.json (12 GB/s) alone (stop 18's simulator; stop 17's gave 6.9,
+# stop 15's 11.1).
+EMULATED_COPY_US = 7.0
+
+
+@contextlib.contextmanager
+def routed_walk(group: int | None):
+    """The routed-only walk of the engine that ran a stored run: launch groups of `group` experts in twice that many
+    ring slots (8 in 16 before b1162ae, stop 18: every bench/results/h200/share_*_stop1[4-6] run); None: today's
+    (policy.stream.ROUTED_ONLY_GROUP). The engine's plan (memplan.for_prompt) and the simulator read them."""
+    from unittest import mock
+
+    from strata.policy import stream
+
+    if group is None:
+        yield
+        return
+    with mock.patch.object(stream, "ROUTED_ONLY_GROUP", group), \
+            mock.patch.object(stream, "ROUTED_ONLY_SLOTS", 2 * group):
+        yield
 
 
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
             link_gbps: float | None = None, calib: dict | None = None,
-            link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None) -> dict:
+            link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None,
+            cpu: dict | None = None, routed_group: int | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
     simulated meter's share after auto's session). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
-    the copy's start: its real time, being shorter, disappears inside)."""
+    the copy's start: its real time, being shorter, disappears inside). cpu: fields of the catalogue CPU to
+    replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk)."""
+    with routed_walk(routed_group):
+        return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
+                        host_issue_us, cpu)
+
+
+def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
+             host_issue_us, cpu) -> dict:
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
     from sim.whatif import setting_config
-    from strata.policy import share_policy
+    from strata.policy import StreamWaste, share_policy
 
     sm = sim_model_of(m)
     # the pool's threads: its workers alone (since stop 15 the share submits its batch and the engine thread takes no
@@ -67,6 +96,8 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
     if host_issue_us is not None:
         mach = dataclasses.replace(mach, host_issue_us=host_issue_us)
+    if cpu:
+        mach = dataclasses.replace(mach, cpu=dataclasses.replace(mach.cpu, **cpu))
     cfgs = {n: setting_config("default" if n == "auto" else n) for n in names}
 
     def lent(n, L):   # what the engine lends that prompt (policy.prompt_loan through its plan), and its group
@@ -74,6 +105,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         return plan.for_prompt(cfgs[n], share, L)[2:]
 
     out = {}
+    waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
     for n in names:
         cfg = cfgs[n]
         session = None
@@ -84,8 +116,8 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
                           routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
                           plan=(plan.chunk, plan.ring, group))    # the engine's chunks, ring and weight scratch
-                if session is None or n != "auto":
-                    session = Session(share_policy(run.share, run.gated))
+                if session is None or n != "auto":   # one engine ran every setting: one walk choice state
+                    session = Session(share_policy(run.share, run.gated), waste=waste)
                 out[(L, n)] = prefill(run, session).prompt_ms
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
@@ -117,23 +149,31 @@ def _scores_scratch(cfg, cap: int, n_ctx: int) -> int:
 def _bench_plan(m, lengths, stored: dict | None = None):
     """bench/cpu_share.py's quarter-cache plan, recomputed (it depends on the model and the budget formula).
     stored: the run's own {"chunk", "cache_slots"}; when today's plan is not the one the run names, the earlier
-    layouts are tried, newest first: before stop 17 the attention's score buffers for every head size, before
-    stop 16 a 16-expert weight scratch only (memplan.PROMPT_GROUPS since)."""
+    layouts are tried, newest first: before fda6281 (stop 18) the step temporaries priced at the 8,192-token
+    ceiling, before stop 17 also the attention's score buffers for every head size, before stop 16 also a
+    16-expert weight scratch only (memplan.PROMPT_GROUPS since)."""
     from unittest import mock
 
     from strata.accel import memplan
+    from strata.policy.plan import GRID
 
     c = m.cfg
     n_ctx = max(lengths) + 16
 
-    def plan(groups, scratch=None):
-        if scratch is None:
+    def plan(groups, scratch=None, ceiling_temps=False):
+        if scratch is None and not ceiling_temps:
             budget = memplan.budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
             return memplan.plan_memory(m, 1 << 42, n_ctx=n_ctx, vram_budget=budget, groups=groups)
 
         def old(fn):   # the budget, the plan and each prompt's loan (for_prompt, later) on the old layout
             def call(*a, **kw):
-                with mock.patch.object(memplan, "attn_scratch_bytes", scratch):
+                with contextlib.ExitStack() as stack:
+                    if scratch is not None:
+                        stack.enter_context(mock.patch.object(memplan, "attn_scratch_bytes", scratch))
+                    if ceiling_temps:   # before fda6281 the step temporaries were priced at the 8,192 ceiling
+                        top = max(GRID, min(8192, n_ctx) // GRID * GRID)
+                        stack.enter_context(mock.patch.object(memplan, "temp_bytes",
+                                                              lambda cfg, t, f=memplan.temp_bytes: f(cfg, top)))
                     return fn(*a, **kw)
             return call
 
@@ -146,9 +186,10 @@ def _bench_plan(m, lengths, stored: dict | None = None):
     if stored is None:
         return plan(memplan.PROMPT_GROUPS), n_ctx
     tried = []
-    for groups, scratch in ((memplan.PROMPT_GROUPS, None), (memplan.PROMPT_GROUPS, _scores_scratch),
-                            ((16,), _scores_scratch)):
-        p = plan(groups, scratch)
+    for groups, scratch, ceiling_temps in ((memplan.PROMPT_GROUPS, None, False), (memplan.PROMPT_GROUPS, None, True),
+                                           (memplan.PROMPT_GROUPS, _scores_scratch, True),
+                                           ((16,), _scores_scratch, True)):
+        p = plan(groups, scratch, ceiling_temps)
         if (p.chunk, p.cache_slots) == (stored["chunk"], stored["cache_slots"]):
             return p, n_ctx
         tried.append((p.chunk, p.cache_slots))
@@ -161,6 +202,8 @@ def main():
     ap.add_argument("--json", required=True, help="bench/cpu_share.py --json output")
     ap.add_argument("--trace", help=".npz routing trace (ids [layers, tokens, k]) of this model")
     ap.add_argument("--machine", default="h200-host16")
+    ap.add_argument("--routed-group", type=int, help="the run's routed-only launch group (8 before b1162ae, stop 18; "
+                    "default: today's)")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting
@@ -178,7 +221,8 @@ def main():
         names = list(next(iter(table.values())))
         plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
         link = rep.get("link_gbps")
-        pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link)
+        pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
+                       routed_group=a.routed_group)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
               f"simulator ({a.machine}, "
               f"{'traced' if routing is not None else 'Zipf'} routing), ms: measured / predicted (error)")

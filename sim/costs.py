@@ -171,7 +171,8 @@ class Costs:
     # --- CPU pool ----------------------------------------------------------------------------------------
     def cpu_expert_us(self, layer: int, nt: int) -> float:
         """One expert of ``nt`` tokens on the pool: unpack once (gate+up are 2/3 of the weights), one
-        multiply-accumulate per weight per token, split across the workers; at least the blob's DRAM read."""
+        multiply-accumulate per weight per token, split across the workers at their clock; at least the blob's
+        DRAM read at the workers' bandwidth."""
         key = (layer, nt)
         if key not in self._cpu:
             c, cal = self.machine.cpu, self.calib
@@ -180,9 +181,11 @@ class Costs:
                 cycles = cal.isa_factor[c.isa] * self._unpack[layer] * curve[min(nt, len(curve)) - 1]
             else:
                 cycles = cal.isa_factor[c.isa] * (self._unpack[layer] + nt * cal.cpu_cycles_per_mac)
+            # each worker computes at the clock its busy cores allow and reads DRAM at its share of the
+            # bandwidth (hardware.CPU.clock_at, read_gbps): one worker turbos, a full pool does not
             workers = min(self.machine.pool_workers, c.cores)
-            compute = self.model.expert_weights * cycles / (workers * c.clock_ghz * 1e3)
-            self._cpu[key] = cal.cpu_job_us + max(compute, self._blob[layer] / (c.mem_gbps * 1e3))
+            compute = self.model.expert_weights * cycles / (workers * c.clock_at(workers) * 1e3)
+            self._cpu[key] = cal.cpu_job_us + max(compute, self._blob[layer] / (c.read_gbps(workers) * 1e3))
         return self._cpu[key]
 
     def cpu_pool_us(self, layer: int, counts: list[int]) -> float:

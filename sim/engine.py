@@ -24,6 +24,7 @@ from strata.policy import (
     LayerEnd,
     Share,
     SharePolicy,
+    StreamWaste,
     Walk,
     ring_slots,
     share_policy,
@@ -70,6 +71,8 @@ class Run:
     #                            its weight scratch in experts, memplan.GROUP if absent); None: the simulated plan's
     restore: int = 0  # blobs of the previous prompt's loan still being refilled when this one starts: prompts
     #                   back to back (a benchmark's) wait for them, as the engine's lend waits for both streams
+    stream_waste: bool | None = None  # refuse stream-all after a wasteful one (policy.StreamWaste); None: where
+    #                                   the machine runs this engine's path (the original's, mmq, had no such rule)
 
     @property
     def share(self) -> Share:
@@ -81,6 +84,7 @@ class Session:
     """What outlives a prompt: the share policy's state and the pinned buffers' capacities."""
 
     policy: SharePolicy
+    waste: StreamWaste = field(default_factory=StreamWaste)  # the engine keeps it across chunks and prompts
     cpu_x_bytes: int = 0
     cpu_rows_bytes: int = 0
     pending: tuple | None = None  # (ev0, ev1, start, end) of the last window, read at the next routing sync
@@ -147,6 +151,8 @@ class _Runner(EngineWalks):
         # whose launch groups: the machine's (its catalogue calib), as its Costs, even where a test fixes the costs
         self.mmq = run.calib.over(run.machine.calib).gpu_experts == "mmq"
         self.group = run.plan[2] if run.plan is not None and len(run.plan) > 2 else GROUP
+        use_waste = not self.mmq if run.stream_waste is None else run.stream_waste
+        self.waste = session.waste if use_waste else None
         self.pol = session.policy
         self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
         m, plan = run.model, vp.plan
@@ -186,11 +192,16 @@ class _Runner(EngineWalks):
         while start < run.prompt:
             t = min(plan.chunk, run.prompt - start)
             walk = walk_for(run.cfg, run.share, t, ring)
+            # as GpuEngine._prompt_chunk: the share keeps to the chunks SPEC §3 sends down the routed-only walk,
+            # and a stream-all chunk after a wasteful one takes the routed-only walk (policy.StreamWaste)
+            shareable = walk is Walk.ROUTED_ONLY
+            if walk is Walk.STREAM_ALL and self.waste is not None and not self.waste.admit():
+                walk = Walk.ROUTED_ONLY
             self.result.chunks.append((start, t, walk))
             if walk is Walk.STREAM_ALL:
                 yield from (self._stream_all_chunk if self.mmq else self._engine_stream_all_chunk)(start, t, ring)
             else:
-                yield from self._routed_only_chunk(start, t)
+                yield from self._routed_only_chunk(start, t, shareable)
             start += t
         self.gpu.op("head", self.costs.head_us())
         yield self.gpu.tail
@@ -227,9 +238,9 @@ class _Runner(EngineWalks):
         return True
 
     # --- routed-only walk (chunks below stream_all_min) --------------------------------------------------
-    def _routed_only_chunk(self, start: int, t: int):
+    def _routed_only_chunk(self, start: int, t: int, shareable: bool = True):
         m, c, res = self.run.model, self.costs, self.result
-        eligible = self.run.share.on
+        eligible = self.run.share.on and shareable
         if eligible:
             self.pol.begin_chunk(t)
         for l in range(self.n_layer):
@@ -324,9 +335,11 @@ class _Runner(EngineWalks):
         by_layer: dict[int, list[int]] = {}
         for g, (l, _) in enumerate(groups):
             by_layer.setdefault(l, []).append(g)
+        unrouted = 0
         for l in range(self.n_layer):
             self._attention(l, start, t)
             cnt = yield from self._routing_sync(l, start, t)
+            unrouted += sum(1 for g in by_layer.get(l, []) for e in groups[g][1] if cnt[e] == 0)
             res_ids = [e for e in range(m.n_expert) if cnt[e] > 0 and self.resident[l][e]]
             k = 0
             for g in by_layer.get(l, []) + [None]:  # resident experts run in id order between the groups
@@ -353,6 +366,8 @@ class _Runner(EngineWalks):
                     d = self.gpu.mark()  # an unrouted entry only releases its slot
                 d.callbacks.append(lambda _, ev=consumed[g]: ev.succeed())
             self.gpu.op(f"L{l} combine", c.combine_us(t), category="combine")
+        if self.waste is not None:
+            self.waste.note(sum(len(es) for _, es in groups), unrouted)
 
     def _issuer(self, groups, copied, consumed, in_flight: int):
         """The issuer thread: entry k is issued once entry k - ring was consumed."""

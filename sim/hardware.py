@@ -42,11 +42,30 @@ class CPU:
     isa: str  # widest integer dot ISA the pool's kernels use: avx2, avx512, amx
     clock_ghz: float  # all-core clock under load
     mem_gbps: float  # practical DRAM read bandwidth (measured-style, not the channel product)
+    turbo_ghz: float = 0.0  # clock with one core busy; 0: none known, every core count runs at clock_ghz
+    mem_gbps_1t: float = 0.0  # one thread's streaming read; 0: none known, a thread may take all of mem_gbps
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         assert self.isa in ISAS, f"{self.name}: isa {self.isa!r} not in {ISAS}"
         assert 0 < self.cores <= self.threads and self.clock_ghz > 0 and self.mem_gbps > 0, self
+        assert self.turbo_ghz == 0 or self.turbo_ghz >= self.clock_ghz, f"{self.name}: turbo below all-core clock"
+        assert 0 <= self.mem_gbps_1t <= self.mem_gbps, f"{self.name}: one thread reads more than all of them"
+
+    def clock_at(self, busy: int) -> float:
+        """The clock with `busy` cores computing: turbo_ghz at one, down to clock_ghz at all of them, linear in
+        between (turbo bins step down with active cores: Intel's turbo-ratio tables, AMD's boost)."""
+        if not self.turbo_ghz or self.cores == 1:
+            return self.clock_ghz
+        n = min(max(busy, 1), self.cores)
+        return self.clock_ghz + (self.turbo_ghz - self.clock_ghz) * (self.cores - n) / (self.cores - 1)
+
+    def read_gbps(self, threads: int) -> float:
+        """DRAM read bandwidth `threads` threads reach together: each at most one thread's (its own misses in
+        flight bound it), all of them at most mem_gbps (the channels)."""
+        if not self.mem_gbps_1t:
+            return self.mem_gbps
+        return min(self.mem_gbps, max(threads, 1) * self.mem_gbps_1t)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ def compute_order(n_res: int, n_str: int) -> list[tuple[str, int]]:
 
 class EngineWalks:
     """_Runner's walks for this engine: expects env, run, costs, result, gpu, link, pool, resident, ring, group,
-    n_layer, layer_factor and the shared parts (_attention, _routing_sync)."""
+    n_layer, layer_factor, waste (a policy.StreamWaste or None) and the shared parts (_attention, _routing_sync)."""
 
     def _group_op(self, l: int, experts: list[int], cnt, waits=()):
         return self.gpu.op(f"L{l} " + ",".join(f"e{e}" for e in experts),
@@ -87,11 +87,13 @@ class EngineWalks:
             if ks:
                 self.gpu.mark().callbacks.append(lambda _, ks=ks: [consumed[k].succeed() for k in ks])
 
+        unrouted = 0
         for l in range(self.n_layer):
             self._attention(l, start, t)
             cnt = yield from self._routing_sync(l, start, t)
             rg = self._resident_groups(l, cnt)
             entries = by_layer.get(l, [])
+            unrouted += sum(1 for k in entries if cnt[queue[k][1]] == 0)
             pos = {k: i for i, k in enumerate(entries)}
             sg = walk_runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
             passed = 0   # the layer's entries before this point are issued to compute or released
@@ -107,6 +109,8 @@ class EngineWalks:
                 else:
                     release(entries[passed:])
             self.gpu.op(f"L{l} combine", self.costs.combine_us(t), category="combine")
+        if self.waste is not None:   # GpuEngine._note_waste: the chunk's unrouted share of its queue
+            self.waste.note(len(queue), unrouted)
 
     def _entry_issuer(self, queue, copied, consumed, ring: int):
         """The issuer thread: entry k is issued once entry k - ring was consumed, one copy a blob."""

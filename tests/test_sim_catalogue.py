@@ -143,3 +143,32 @@ def test_measured_token_curve_scales_the_cpu_cost():
     lin = Costs(dataclasses.replace(slow, calib={**slow.calib, "cpu_token_curve": {}, "cpu_job_us": 0.0}), m)
     steps = [lin.cpu_expert_us(0, t + 1) - lin.cpu_expert_us(0, t) for t in range(1, 8)]
     assert max(steps) == pytest.approx(min(steps))
+
+
+def test_cpu_pool_cost_by_worker_count():
+    """A worker computes at the clock its busy cores allow (turbo_ghz with one, clock_ghz with all, linear between)
+    and reads DRAM at most at one thread's bandwidth; a CPU with neither figure keeps the per-worker cost of old."""
+    import dataclasses
+
+    from sim.costs import Costs
+
+    h = machine("h200-host16")
+    c = h.cpu
+    assert c.clock_at(1) == c.turbo_ghz > c.clock_at(8) > c.clock_at(c.cores) == c.clock_ghz
+    assert c.clock_at(8) == pytest.approx((c.turbo_ghz * 8 + c.clock_ghz * 7) / 15)
+    assert (c.read_gbps(1), c.read_gbps(4), c.read_gbps(16)) == (c.mem_gbps_1t, 4 * c.mem_gbps_1t, c.mem_gbps)
+    m = model("qwen3-30b-a3b:IQ2_XS")
+
+    def per_worker(mach, n):   # µs of one worker's time per one-token expert, past the fixed job cost
+        mach = dataclasses.replace(mach, pool_workers=n, calib={**mach.calib, "cpu_job_us": 0.0})
+        return n * Costs(mach, m).cpu_expert_us(0, 1)
+
+    assert per_worker(h, 1) / per_worker(h, 14) == pytest.approx(c.clock_at(14) / c.turbo_ghz)
+    seed = machine("rtx5090-9950x3d")                  # no turbo, no one-thread figure: flat, as before
+    assert per_worker(seed, 1) == pytest.approx(per_worker(seed, seed.cpu.cores))
+    # a type whose blob outruns the compute at one thread is held to one thread's DRAM bandwidth
+    fast = dataclasses.replace(h, cpu=dataclasses.replace(c, turbo_ghz=100 * c.clock_ghz, clock_ghz=c.clock_ghz))
+    one = dataclasses.replace(fast, pool_workers=1, calib={**fast.calib, "cpu_job_us": 0.0})
+    assert Costs(one, m).cpu_expert_us(0, 1) == pytest.approx(m.blob_bytes(0) / (c.mem_gbps_1t * 1e3))
+    with pytest.raises(AssertionError, match="turbo below"):
+        dataclasses.replace(c, turbo_ghz=c.clock_ghz / 2)
