@@ -143,6 +143,25 @@ def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset):
     assert _loan_plan(parts, slots, p.chunk + GRID, 90, PROMPT_GROUPS, PlannerKind.AUTO)[2].chunk < p.chunk + GRID
 
 
+def test_a_chunk_that_cannot_plan_says_what_it_lacks():
+    """A fixed chunk (--chunk) is planned with its own step temporaries; when its loan does not fit, the error names
+    the cache that chunk leaves, not a smaller chunk's; with no fixed chunk the error is the smallest chunk's."""
+    from strata.accel.buffers import temp_bytes
+    from strata.accel.memplan import budget_holding
+
+    m = _Header("qwen3-30b-a3b", 8)
+    budget = budget_holding(m, 8208, m.cfg.n_layer * m.cfg.n_expert // 4)
+    for chunk in (8192, 1280):
+        with pytest.raises(VramShortfall) as e:
+            plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, chunk=chunk)
+        full = plan_memory(m, 1 << 42, n_ctx=8208)
+        decode_only = full.decode - temp_bytes(m.cfg, 8192)
+        room = budget - 700 * MIB - full.dense - full.kv - decode_only - temp_bytes(m.cfg, chunk)
+        assert f"the expert cache has {max(0, room // full.slot_bytes)} slots" in str(e.value)
+    with pytest.raises(VramShortfall, match="MiB short"):
+        plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget - 200 * full.slot_bytes)
+
+
 def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     """The prompt's weight scratch (experts a launch group dequantises) competes with the chunk's rows for the
     loan: with a quarter cache of qwen3-30b-a3b the 16-expert scratch leaves room for 768 tokens, the 8-expert one

@@ -39,7 +39,6 @@ class Stats:
     hits: int = 0              # of which resident
     tier_moves: int = 0        # adaptive-tier admissions (SPEC §7)
     loan_slots: int = 0        # cache slots the last prompt borrowed (policy.prompt_loan)
-    ring_slots: int = 0        # ring slots the last prompt streamed through
     chunks: list = field(default_factory=list)
 
     @property
@@ -176,7 +175,7 @@ class GpuEngine:
         t0 = time.perf_counter()
         layout, ring, loan, group = self.plan.for_prompt(self.config, self.share, len(tokens))
         region = self._lend(loan)
-        self.stats.loan_slots, self.stats.ring_slots = loan, ring
+        self.stats.loan_slots = loan
         try:
             out = []
             for i in range(0, len(tokens), self.plan.chunk):

@@ -122,31 +122,32 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
                                            groups, kind)
 
     def reaches(cap: int):
+        """(plan parts, None) when a chunk of `cap` plans with its own temporaries reserved, else (None, why)."""
         try:
             got = attempt(cap)
-        except PlanError:
-            return None
-        return got if kind is PlannerKind.FIXED or got[4].chunk >= cap else None
+        except PlanError as e:
+            return None, e
+        if kind is PlannerKind.AUTO and got[4].chunk < cap:
+            return None, None
+        return got, None
 
     if kind is PlannerKind.FIXED:
-        cap, got = ceiling, reaches(ceiling)
-    else:
+        cap = ceiling
+        got, err = reaches(ceiling)
+    else:                       # the smallest grid chunk's failure is the least the prompt path needs
         lo, hi, cap, got = 1, max(1, ceiling // GRID), None, None
-        while lo <= hi:
+        err = reaches(GRID)[1]
+        while lo <= hi and err is None:
             mid = (lo + hi) // 2
-            r = reaches(mid * GRID)
+            r, _ = reaches(mid * GRID)
             if r is not None:
                 lo, cap, got = mid + 1, mid * GRID, r
             else:
                 hi = mid - 1
     if got is None:
-        try:
-            attempt(min(GRID, ceiling))
-            raise AssertionError("the smallest chunk plans, yet the search found none")
-        except PlanError as e:
-            avail = budget - base - least
-            raise VramShortfall(f"{e}; the expert cache has {max(0, avail // slot)} slots of {slot / MIB:.2f} MiB "
-                                f"in a budget of {budget / MIB:,.0f} MiB") from None
+        avail = budget - base - temp_bytes(cfg, cap if kind is PlannerKind.FIXED else min(GRID, ceiling))
+        raise VramShortfall(f"{err}; the expert cache has {max(0, avail // slot)} slots of {slot / MIB:.2f} MiB "
+                            f"in a budget of {budget / MIB:,.0f} MiB")
     temps, slots, g, req, cp, reqs = got
     if kind is PlannerKind.AUTO:                  # the plan capped at the chunk its temporaries were priced for
         g, req, cp, reqs = _loan_plan(b, slots, cap, lend_pct, groups, kind)
