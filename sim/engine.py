@@ -370,7 +370,8 @@ class _Runner(EngineWalks):
             self.waste.note(sum(len(es) for _, es in groups), unrouted)
 
     def _issuer(self, groups, copied, consumed, in_flight: int):
-        """The issuer thread: entry k is issued once entry k - ring was consumed."""
+        """The stream-all copies: entry k is issued once entry k - ring was consumed (the engine thread issues them
+        between its launches since stop 19, an issuer thread before; modelled as its own process either way)."""
         m, c, res = self.run.model, self.costs, self.result
         for g, (l, es) in enumerate(groups):
             if g >= in_flight:

@@ -113,7 +113,8 @@ class EngineWalks:
             self.waste.note(len(queue), unrouted)
 
     def _entry_issuer(self, queue, copied, consumed, ring: int):
-        """The issuer thread: entry k is issued once entry k - ring was consumed, one copy a blob."""
+        """The stream-all copies: entry k is issued once entry k - ring was consumed, one copy a blob (the engine
+        thread issues them between its launches since stop 19, an issuer thread before)."""
         c, res = self.costs, self.result
         for k, (l, e) in enumerate(queue):
             if k >= ring:

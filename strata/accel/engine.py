@@ -270,7 +270,8 @@ class GpuEngine:
         self._ring, self._walk = ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
-            self._walk = Walk(ring, self.arena, queue, threaded=True)
+            self._walk = Walk(ring, self.arena, queue)
+            self._walk.prefetch()                  # layer 0's experts stream during the embedding and attention
             self._unrouted = 0
             self._layer_entries = {}
             for kq, (l, _) in enumerate(queue):
@@ -280,7 +281,6 @@ class GpuEngine:
             logits = self._step(tokens, bufs, all_logits, decode=False)
         finally:
             if self._walk is not None:
-                self._walk.close()
                 self._note_waste(len(self._walk.entries), self._unrouted)
                 self._walk = None
         self.stats.streamed_bytes += ring.bytes_in
@@ -350,7 +350,7 @@ class GpuEngine:
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
         walk = None
         if self._walk is None and parts[1].size:     # routed-only: the first copies go before the layout and
-            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()], threaded=False,
+            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()],
                         group=routed_group(self._ring.n, self._runner.bufs.group))
             walk.prefetch()                          # tables are built (the link idles from the sync until then)
         lay = row_layout(ids, cnt, parts)
@@ -393,13 +393,14 @@ class GpuEngine:
             walk.acquire(grp)
             self._runner.group(layer, plan[len(res_groups) + gi][0], str_tabs[gi], lay,
                                on_released=lambda g=grp: walk.consume(g))
-            if walk.thread is None:
-                walk.prefetch()
+            walk.prefetch()
             if ri < len(res_groups):
                 self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
                 ri += 1
         if None in unrouted:
             walk.consume(unrouted[None])
+        if self._walk is not None:
+            self._walk.prefetch()            # stream-all: the next layer's experts go out before its routing sync
         for ri in range(ri, len(res_groups)):
             self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
         if share_layer:

@@ -3,13 +3,12 @@
 A ring slot holds one blob. `copied[i]` is recorded on the copy stream after a blob lands in slot i; `used[i]` on
 the compute stream once the kernels that read slot i are enqueued. A copy into slot i waits for `used[i]`;
 compute on slot i waits for `copied[i]`. Entry k of a walk's queue goes to slot k mod R and is issued once entry
-k - R was consumed. In the stream-all walk an issuer thread issues entries ahead while the engine thread blocks
-in routing syncs, so the next layer's experts stream during this layer's attention.
+k - R was consumed. The engine thread issues every copy between its launches: an issuer thread of its own (stop 18
+and before) had to win the GIL from the launching thread, and lost to inline issuing on the H200 (same rounds,
+bench/results/h200/issuer_ab_stop19.log: flash-shape 8K stream-all 537.7 -> 486.8 ms, 2K 179.5 -> 169.4).
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -59,13 +58,13 @@ class Ring:
 
 
 class Walk:
-    """One chunk's queue of (layer, expert) entries through a ring, issued by the engine thread (routed-only)
-    or by an issuer thread (stream-all). Neighbouring experts that land in neighbouring slots go in one copy.
-    `consume(ks)` marks entries done and releases their slots; entries may be consumed out of order (an
-    unrouted entry inside a group's span), and `consumed` is the watermark: every entry below it is done,
-    which is what issuing entry k + R needs."""
+    """One chunk's queue of (layer, expert) entries through a ring. The engine thread issues the copies between
+    its launches: a copy may go once the entry R before it was consumed, and `prefetch` issues all that may go.
+    Neighbouring experts that land in neighbouring slots go in one copy. `consume(ks)` marks entries done and
+    releases their slots; entries may be consumed out of order (an unrouted entry inside a group's span), and
+    `consumed` is the watermark: every entry below it is done, which is what issuing entry k + R needs."""
 
-    def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], threaded: bool, group: int | None = None):
+    def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], group: int | None = None):
         self.ring, self.arena, self.entries = ring, arena, entries
         # the routed-only walk computes entries in groups of `group` in queue order: only a copy that carries a
         # group's last entry needs an event (a CUDA event per copy run was a tenth of a short prompt's host time)
@@ -74,13 +73,6 @@ class Walk:
         self.consumed = 0         # watermark: entries [0, consumed) are all done
         self._done = np.zeros(len(entries) + 1, bool)
         self._copied: list = [None] * len(entries)   # the event after the copy that carried entry k
-        self._cv = threading.Condition()
-        self._stop = False
-        self._error: BaseException | None = None
-        self.thread = None
-        if threaded:
-            self.thread = threading.Thread(target=self._issuer, name="stream-all issuer", daemon=True)
-            self.thread.start()
 
     def slot(self, k: int) -> int:
         return k % self.ring.n
@@ -98,48 +90,23 @@ class Walk:
         ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0], record=ends)
         for k in range(k0, k1):
             self._copied[k] = ev
+        self.issued = k1
         return k1
 
-    def _issuer(self):
-        try:
-            self.ring.dev.bind_thread()
-            n = len(self.entries)
-            while self.issued < n:
-                with self._cv:
-                    while not self._stop and self.consumed + self.ring.n <= self.issued:
-                        self._cv.wait()
-                    if self._stop:
-                        return
-                    limit = min(n, self.consumed + self.ring.n)
-                k1 = self._issue_run(limit)
-                with self._cv:
-                    self.issued = k1
-                    self._cv.notify_all()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the engine thread
-            with self._cv:
-                self._error = e
-                self._cv.notify_all()
-
     def ensure_issued(self, k: int) -> None:
-        """Block until entry k's copy is enqueued (issuing inline when there is no issuer thread)."""
-        if self.thread is None:
-            while self.issued <= k:
-                limit = min(len(self.entries), self.consumed + self.ring.n)
-                assert self.issued < limit, "routed-only walk: ring overrun"
-                self.issued = self._issue_run(limit)
-            return
-        with self._cv:
-            while self.issued <= k and self._error is None:
-                self._cv.wait()
-            if self._error is not None:
-                raise RuntimeError(f"stream-all issuer failed: {self._error!r}") from self._error
+        """Issue up to entry k (its slot's entry R before must have been consumed)."""
+        while self.issued <= k:
+            limit = min(len(self.entries), self.consumed + self.ring.n)
+            assert self.issued < limit, "walk: ring overrun"
+            self._issue_run(limit)
 
     def prefetch(self) -> None:
-        """Routed-only walk: keep up to R transfers in flight ahead of compute (SPEC §3)."""
-        if self.thread is None:
-            limit = min(len(self.entries), self.consumed + self.ring.n)
-            while self.issued < limit:
-                self.issued = self._issue_run(limit)
+        """Issue every entry whose slot is free: up to R transfers in flight ahead of compute (SPEC §3). In the
+        stream-all walk the engine calls it after each group and at a layer's end, so the next layer's experts
+        stream during its attention while the engine waits in the routing sync."""
+        limit = min(len(self.entries), self.consumed + self.ring.n)
+        while self.issued < limit:
+            self._issue_run(limit)
 
     def slots(self, ks: list[int]) -> np.ndarray:
         """The ring slots entries `ks` land in (fixed by the entry index, so known before they are issued)."""
@@ -156,15 +123,6 @@ class Walk:
         """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""
         assert not self._done[ks].any(), f"an entry of {ks} consumed twice"
         self.ring.release([self.slot(k) for k in ks])
-        with self._cv:
-            self._done[ks] = True
-            while self._done[self.consumed]:
-                self.consumed += 1
-            self._cv.notify_all()
-
-    def close(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        if self.thread is not None:
-            self.thread.join()
+        self._done[ks] = True
+        while self._done[self.consumed]:
+            self.consumed += 1
