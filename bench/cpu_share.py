@@ -73,7 +73,8 @@ def main():
     settings = [("off", Share(ShareMode.OFF))] + [(f"{x}", Share(ShareMode.FIXED, float(x)))
                                                   for x in a.shares.split(",")] + [("auto", Share(ShareMode.AUTO, by_default=True))]
     report = {}
-    # the engine thread and the issuer want a core each: the pool takes the rest
+    # the engine thread wants a core and one more is left free, as in every stored run (stream-all had an issuer
+    # thread until stop 19; the simulator's constants were fitted on these 14 workers of 16 cores)
     configs = [("pool", a.workers if a.workers is not None else max(1, default_workers() - 1))]
     if a.losing_workers > 0:   # the pool cut down: where sharing should lose and the gate cap the loss
         configs.append(("small pool", a.losing_workers))

@@ -1,7 +1,10 @@
 """Diagnostic: the GPU timeline of prompts on the quarter cache (either walk), where the copy stream and the compute
 stream wait. CUDA only; wraps the engine's Ring.copy_run, ExpertRunner.group and GpuEngine.moe with timing events.
 
-python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx]
+python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx] [--walk routed-only|stream-all]
+
+--walk holds the walk of every chunk SPEC §3 sends down stream-all: routed-only (as policy.StreamWaste refusing) or
+stream-all (as StreamWaste admitting); without it the engine chooses.
 
 Per prompt: the copy stream's busy time and its idle time (the next copy issued by the host after the previous one
 ended; issued early but waiting on a slot's `used` event; after the last copy), the compute stream's expert-group
@@ -16,8 +19,11 @@ from strata.accel.device.cuda import CudaDevice
 from strata.accel.engine import GpuEngine
 from strata.accel.memplan import budget_holding
 
-path, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
-n_ctx = int(sys.argv[3]) if len(sys.argv) > 3 else 8200
+walk = next((x.split("=", 1)[1] for x in sys.argv if x.startswith("--walk=")), None)
+argv = [x for x in sys.argv if not x.startswith("--walk=")]
+assert walk in (None, "routed-only", "stream-all"), f"--walk={walk}: routed-only or stream-all"
+path, lengths = argv[1], [int(x) for x in argv[2].split(",")]
+n_ctx = int(argv[3]) if len(argv) > 3 else 8200
 m = models.load(path); c = m.cfg
 dev = CudaDevice(); cp = dev.cp
 arena = Arena(m, dev)
@@ -62,7 +68,9 @@ st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue_run 
 logs = []
 eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, c.n_layer * c.n_expert // 4), config=cfg,
                arena=arena, log=logs.append)
-print(f"# {path.split('/')[-1]} plan chunk {eq.plan.chunk} ring {eq.plan.ring} group {eq.plan.group} loan {eq.plan.loan_slots}")
+if walk is not None:
+    eq.stream_waste.admit = (lambda: walk == "stream-all")
+print(f"# {path.split('/')[-1]} walk {walk or 'chosen by the engine'}; plan chunk {eq.plan.chunk} ring {eq.plan.ring} group {eq.plan.group} loan {eq.plan.loan_slots}")
 rng = np.random.default_rng(0)
 for L in lengths:
     ids = rng.integers(0, c.n_vocab, L).tolist()
