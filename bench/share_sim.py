@@ -5,10 +5,12 @@ residency during a prompt (uniform fill minus the lent tail, strata.accel.cache)
 one prompt each; auto is simulated over every length twice with one session, the second pass reported, as the
 bench measures auto's steady state (SPEC §6: the gate persists across requests).
 
-python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz] [--machine h200-host16]
-                          [--routed-group 8]
+python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz | --trace LABEL=routing.npz ...]
+                          [--machine h200-host16] [--engine stop17 | --routed-group 8]
 
-A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens.
+A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens; with
+LABEL= it routes that configuration of the JSON only ("small_pool"), each with its own (bench/cpu_share.py records
+one a configuration since stop 19).
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def sim_model_of(m):
 EMULATED_COPY_US = 7.0
 
 
+# the engines that ran stored runs, as the simulator's flags (sim.engine.Run): "stop17" is every
+# bench/results/h200/share_*_stop1[4-6] run's, before d616513 (the embedding rows dequantised on the host) and
+# b1162ae (routed-only groups of 8 in 16 slots, a CUDA event after every copy run, and the copy stream running dry
+# ahead of a group: prefill_timeline_stop18.log, 250 tokens, 29.8 ms of 118 idle with the host late, ~22 ms inside
+# the MoE blocks over 280 groups; 50 us a group fitted by a scan of 30/50/80/110 over every stored run's cells,
+# share_sim_checks_stop19.log); None: today's
+ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0)}
+
+
 @contextlib.contextmanager
 def routed_walk(group: int | None):
     """The routed-only walk of the engine that ran a stored run: launch groups of `group` experts in twice that many
@@ -67,19 +78,23 @@ def routed_walk(group: int | None):
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
             link_gbps: float | None = None, calib: dict | None = None,
             link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None,
-            cpu: dict | None = None, routed_group: int | None = None) -> dict:
+            cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
     simulated meter's share after auto's session). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
     the copy's start: its real time, being shorter, disappears inside). cpu: fields of the catalogue CPU to
-    replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk)."""
-    with routed_walk(routed_group):
+    replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk).
+    engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags)."""
+    flags = dict(ENGINES[engine]) if engine else {}
+    group = flags.pop("routed_group", None)
+    group = routed_group or group
+    with routed_walk(group):
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu)
+                        host_issue_us, cpu, flags)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu) -> dict:
+             host_issue_us, cpu, flags) -> dict:
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
     from sim.whatif import setting_config
@@ -91,7 +106,8 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     mach = dataclasses.replace(machine(machine_name), pool_workers=min(workers, machine(machine_name).cpu.threads))
     if link_gbps:
         mach = dataclasses.replace(mach, link=dataclasses.replace(mach.link, h2d_gbps=link_gbps, h2d_curve=(),
-                                                                  h2d_latency_us=link_copy_us))
+                                                                  h2d_latency_us=link_copy_us,
+                                                                  h2d_queued_us=link_copy_us))
     if calib:
         mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
     if host_issue_us is not None:
@@ -115,7 +131,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
                 loan, group = lent(n, L)
                 run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
                           routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
-                          plan=(plan.chunk, plan.ring, group))    # the engine's chunks, ring and weight scratch
+                          plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
                 if session is None or n != "auto":   # one engine ran every setting: one walk choice state
                     session = Session(share_policy(run.share, run.gated), waste=waste)
                 out[(L, n)] = prefill(run, session).prompt_ms
@@ -200,10 +216,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--json", required=True, help="bench/cpu_share.py --json output")
-    ap.add_argument("--trace", help=".npz routing trace (ids [layers, tokens, k]) of this model")
+    ap.add_argument("--trace", action="append", help=".npz routing trace (ids [layers, tokens, k]) of this model, "
+                    "or LABEL=.npz for one configuration (repeat)")
     ap.add_argument("--machine", default="h200-host16")
     ap.add_argument("--routed-group", type=int, help="the run's routed-only launch group (8 before b1162ae, stop 18; "
                     "default: today's)")
+    ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
+                    "share_*_stop1[4-6] run's)")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting
@@ -211,18 +230,20 @@ def main():
 
     m = models.load(a.model)
     report = json.load(open(a.json))
-    routing = None
-    if a.trace:
-        with np.load(a.trace) as z:
-            routing = TraceRouting(np.asarray(z["ids"], np.int64))
+    traces = {}
+    for spec in a.trace or []:
+        label, _, path = spec.rpartition("=")
+        with np.load(path) as z:
+            traces[label.replace("_", " ")] = TraceRouting(np.asarray(z["ids"], np.int64))
     for label, rep in report.items():
+        routing = traces.get(label, traces.get(""))
         table = {int(L): row for L, row in rep["table"].items()}
         lengths = sorted(table)
         names = list(next(iter(table.values())))
         plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
         link = rep.get("link_gbps")
         pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                       routed_group=a.routed_group)
+                       routed_group=a.routed_group, engine=a.engine)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
               f"simulator ({a.machine}, "
               f"{'traced' if routing is not None else 'Zipf'} routing), ms: measured / predicted (error)")

@@ -153,6 +153,27 @@ class Costs:
         t = self.machine.link.h2d_us(nbytes)
         return t / self.calib.link_factor if pool_busy else t
 
+    # this engine's walks, where the machine measures the host by what it issues (Machine.host_group_us): the
+    # copies go as runs of neighbouring blobs (strata/accel/stream.py Walk._issue_run), each queued behind others
+    @property
+    def by_issue(self) -> bool:
+        return self.machine.host_group_us > 0
+
+    def copy_run_us(self, nbytes: float, count: int, pool_busy: bool) -> float:
+        t = self.machine.link.queued_us(count * nbytes)
+        return t / self.calib.link_factor if pool_busy else t
+
+    def host_group_us(self, pool_busy: bool) -> float:
+        return self.machine.host_group_us * (self.calib.host_issue_factor if pool_busy else 1.0)
+
+    def host_copy_us(self, pool_busy: bool, event: bool) -> float:
+        m = self.machine
+        return (m.host_copy_us + (m.host_event_us if event else 0.0)) * (
+            self.calib.host_issue_factor if pool_busy else 1.0)
+
+    def embed_host_us(self, t: int) -> float:
+        return self.machine.host_embed_us * t
+
     def sync_us(self) -> float:
         return self.calib.sync_us[self.machine.gpu.api]
 

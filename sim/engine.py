@@ -73,6 +73,12 @@ class Run:
     #                   back to back (a benchmark's) wait for them, as the engine's lend waits for both streams
     stream_waste: bool | None = None  # refuse stream-all after a wasteful one (policy.StreamWaste); None: where
     #                                   the machine runs this engine's path (the original's, mmq, had no such rule)
+    # an earlier engine of ours (bench/share_sim.py --engine simulates stored runs with theirs): before d616513 the
+    # host dequantised a chunk's embedding rows while the GPU waited (Machine.host_embed_us a token); before
+    # b1162ae the routed-only walk recorded a CUDA event after every copy run, not only a group's last
+    host_embed: bool = False
+    event_per_copy: bool = False
+    link_gap_us: float = 0.0  # before b1162ae: the copy stream idle ahead of each routed-only group's copies
 
     @property
     def share(self) -> Share:
@@ -170,7 +176,7 @@ class _Runner(EngineWalks):
         self.in_ram = [True] * run.model.n_expert  # the arena pins every expert (ours)
         self.gpu = Stream(env, "gpu", tl)
         self.pool = CpuPool(env, tl)
-        self.link = Link(env, costs.copy_us, self.pool, tl)
+        self.link = Link(env, costs.copy_us, self.pool, tl, getattr(costs, "copy_run_us", None))
         self.rng = np.random.default_rng([run.seed, 3])
         self.n_layer = min(run.layers or run.model.n_layer, run.model.n_layer)
         self.windows: list = []
@@ -207,6 +213,12 @@ class _Runner(EngineWalks):
         yield self.gpu.tail
 
     # --- the parts of a layer both walks share -----------------------------------------------------------
+    def _embed(self, t: int):
+        """A chunk's embedding rows: on the device (today: a few µs, left out), or on the host before d616513,
+        the compute stream idle until they are uploaded (the stream-all walk's first copies already going)."""
+        if self.run.host_embed:
+            yield self.env.timeout(self.costs.embed_host_us(t))
+
     def _attention(self, l: int, start: int, t: int) -> None:
         self.gpu.op(f"L{l} attn", self.costs.dense_us(t, self.run.prior + start), category="dense")
 
@@ -243,6 +255,7 @@ class _Runner(EngineWalks):
         eligible = self.run.share.on and shareable
         if eligible:
             self.pol.begin_chunk(t)
+        yield from self._embed(t)
         for l in range(self.n_layer):
             self._attention(l, start, t)
             arm = self.pol.begin_layer(l) if eligible else False

@@ -77,11 +77,13 @@ class LinkSpec:
     d2h_gbps: float
     h2d_latency_us: float  # fixed cost per copy
     h2d_curve: tuple[tuple[int, float], ...] = ()  # measured (bytes, µs) per copy, ascending; wins if given
+    h2d_queued_us: float = 0.0  # fixed cost of a copy queued behind others on the copy stream (then bytes at
+    #                             h2d_gbps); 0: none measured, a copy costs h2d_us however it is queued
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         assert self.pcie_gen in (3, 4, 5, 6) and self.lanes in (1, 4, 8, 16), self
-        assert self.h2d_gbps > 0 and self.d2h_gbps > 0 and self.h2d_latency_us >= 0, self
+        assert self.h2d_gbps > 0 and self.d2h_gbps > 0 and self.h2d_latency_us >= 0 and self.h2d_queued_us >= 0, self
         assert all(
             a[0] < b[0] and a[1] <= b[1] for a, b in zip(self.h2d_curve, self.h2d_curve[1:])
         ), f"{self.name}: h2d_curve must ascend in bytes and time"
@@ -100,6 +102,13 @@ class LinkSpec:
         (b0, t0), (b1, t1) = self.h2d_curve[i - 1], self.h2d_curve[i]
         return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
 
+    def queued_us(self, nbytes: float) -> float:
+        """One copy of ``nbytes`` (a run of neighbouring blobs) queued back to back with others on the copy stream:
+        the link's rate and a fixed cost each, where measured (h2d_queued_us); else as a lone copy (h2d_us)."""
+        if not self.h2d_queued_us:
+            return self.h2d_us(nbytes)
+        return self.h2d_queued_us + nbytes / (self.h2d_gbps * 1e3)
+
     def d2h_us(self, nbytes: float) -> float:
         return self.h2d_latency_us + nbytes / (self.d2h_gbps * 1e3)
 
@@ -114,6 +123,13 @@ class Machine:
     host_issue_us: float  # host time per streamed expert with the CPU pool idle (issue, events, staging)
     pool_workers: int  # CPU pool threads (the engine's default: one per core)
     os: str = "linux"
+    # the host's time for this engine's walks (calib gpu_experts rows_gemm) by what it issues, where measured; 0:
+    # host_issue_us a streamed expert. A launch group's kernels and its slots' release; a copy run (neighbouring
+    # experts in neighbouring slots, strata/accel/stream.py Walk); a CUDA event recorded after a copy
+    host_group_us: float = 0.0
+    host_copy_us: float = 0.0
+    host_event_us: float = 0.0
+    host_embed_us: float = 0.0  # a prompt token's embedding row dequantised on the host (engines before d616513)
     calib: Mapping[str, object] = field(default_factory=dict, compare=False)  # calibrated constants measured here
     #   (calibration.json field -> value), over the seed-fitted ones: the engine's own CPU kernels, say
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

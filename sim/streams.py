@@ -95,12 +95,17 @@ class Link:
         copy_us: Callable[[float, bool], float],
         pool: CpuPool,
         timeline: Timeline,
+        run_us: Callable[[float, int, bool], float] | None = None,
     ):
         self.stream = Stream(env, "h2d", timeline)
-        self.copy_us, self.pool = copy_us, pool
+        self.copy_us, self.pool, self.run_us = copy_us, pool, run_us
 
     def h2d(
         self, name: str, nbytes: float, waits: Iterable[simpy.Event | None] = (), count: int = 1
     ) -> simpy.Event:
         """``count`` copies of ``nbytes`` each, back to back (one op: a stream-all group)."""
         return self.stream.op(name, lambda: count * self.copy_us(nbytes, self.pool.busy), waits, "h2d copies")
+
+    def h2d_run(self, name: str, nbytes: float, count: int, waits: Iterable[simpy.Event | None] = ()) -> simpy.Event:
+        """One copy of ``count`` neighbouring blobs of ``nbytes`` (run_us: the cost of a queued copy that size)."""
+        return self.stream.op(name, lambda: self.run_us(nbytes, count, self.pool.busy), waits, "h2d copies")

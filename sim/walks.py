@@ -51,25 +51,55 @@ class EngineWalks:
         """Routed-only: the streamed experts in id order, in groups of policy.routed_group (at most half the walk's
         slots and the weight scratch); a copy is issued when the host reaches its group and reuses the slot of the
         expert R copies back once that one's group was computed. Returns each streamed expert's group completion."""
-        c, res, R = self.costs, self.result, self.ring
+        c, R = self.costs, self.ring
         rg = self._resident_groups(l, cnt)
         sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
         sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
         done: list = []
+        by_issue = getattr(c, "by_issue", False)   # (a test's fixed costs: host_issue_us and one copy an expert)
         for kind, i in compute_order(len(rg), len(sg)):
             if kind == "res":
+                if by_issue:
+                    yield from self._host(c.host_group_us(self.pool.busy))
                 self._group_op(l, rg[i], cnt)
             elif kind == "str":
                 copies = []
-                for e in (sid[j] for j in sg[i]):
-                    h = c.host_issue_us(self.pool.busy)
-                    yield self.env.timeout(h)
-                    res.host_issue_us += h
-                    j = len(done) + len(copies)
-                    copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
+                if by_issue:
+                    yield from self._copy_runs(l, [sid[j] for j in sg[i]], len(done), done, copies)
+                else:
+                    for e in (sid[j] for j in sg[i]):
+                        yield from self._host(c.host_issue_us(self.pool.busy))
+                        j = len(done) + len(copies)
+                        copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
                 d = self._group_op(l, [sid[j] for j in sg[i]], cnt, waits=copies)
-                done.extend([d] * len(copies))
+                done.extend([d] * len(sg[i]))
         return done
+
+    def _host(self, us: float):
+        yield self.env.timeout(us)
+        self.result.host_issue_us += us
+
+    def _copy_runs(self, l: int, experts: list[int], j0: int, done: list, copies: list):
+        """A routed-only group's copies as the engine issues them: runs of neighbouring experts in neighbouring
+        slots (Walk._issue_run), each run's host time and, before b1162ae (Run.event_per_copy), a CUDA event after
+        every run, since then only after the group's last; then the group's launches (host_group_us). Entry j
+        reuses the slot of entry j - R once that one's group was computed."""
+        c, R, busy = self.costs, self.ring, self.pool.busy
+        runs, j = [], j0
+        for e in experts:
+            if runs and e == runs[-1][-1][1] + 1 and j % R:
+                runs[-1].append((j, e))
+            else:
+                runs.append([(j, e)])
+            j += 1
+        if self.run.link_gap_us:   # the host issued the group's copies after the copy stream ran dry
+            self.link.stream.op("", self.run.link_gap_us)
+        for n, run in enumerate(runs):
+            yield from self._host(c.host_copy_us(busy, self.run.event_per_copy or n == len(runs) - 1))
+            last = run[-1][0]
+            copies.append(self.link.h2d_run(f"L{l} e{run[0][1]}" + (f"-e{run[-1][1]}" if len(run) > 1 else ""),
+                                            c.blob(l), len(run), waits=[done[last - R] if last >= R else None]))
+        yield from self._host(c.host_group_us(busy))
 
     def _engine_stream_all_chunk(self, start: int, t: int, ring: int):
         """Stream-all: every non-resident expert of every layer queued at chunk start, entry k in slot k mod R;
@@ -79,6 +109,7 @@ class EngineWalks:
         copied = [self.env.event() for _ in queue]
         consumed = [self.env.event() for _ in queue]
         self.env.process(self._entry_issuer(queue, copied, consumed, ring))
+        yield from self._embed(t)   # layer 0's experts stream during the embedding (GpuEngine._prompt_chunk)
         by_layer: dict[int, list[int]] = {}
         for k, (l, _) in enumerate(queue):
             by_layer.setdefault(l, []).append(k)
@@ -98,6 +129,8 @@ class EngineWalks:
             sg = walk_runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
             passed = 0   # the layer's entries before this point are issued to compute or released
             for kind, i in compute_order(len(rg), len(sg)):
+                if kind != "free" and getattr(self.costs, "by_issue", False):
+                    yield from self._host(self.costs.host_group_us(self.pool.busy))
                 if kind == "res":
                     self._group_op(l, rg[i], cnt)
                 elif kind == "str":
@@ -116,6 +149,9 @@ class EngineWalks:
         """The stream-all copies: entry k is issued once entry k - ring was consumed, one copy a blob (the engine
         thread issues them between its launches since stop 19, an issuer thread before)."""
         c, res = self.costs, self.result
+        if getattr(c, "by_issue", False):
+            yield from self._run_issuer(queue, copied, consumed, ring)
+            return
         for k, (l, e) in enumerate(queue):
             if k >= ring:
                 yield consumed[k - ring]
@@ -124,3 +160,25 @@ class EngineWalks:
             res.host_issue_us += h
             res.n_streamed += 1
             self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())
+
+    def _run_issuer(self, queue, copied, consumed, ring: int):
+        """As _entry_issuer, by copy run (Walk._issue_run: neighbouring experts of a layer in neighbouring slots,
+        each run with its host time and a CUDA event, the stream-all walk's copies having no groups); a run ends
+        where the ring wraps and, as the slots free a launch group at a time, after a group's worth of entries."""
+        c, cap = self.costs, max(1, min(self.group, ring // 2))
+        runs: list[list[int]] = []
+        for k, (l, e) in enumerate(queue):
+            if runs and len(runs[-1]) < cap and k % ring and queue[k - 1] == (l, e - 1):
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        for run in runs:
+            for k in run:
+                if k >= ring:
+                    yield consumed[k - ring]
+            yield from self._host(c.host_copy_us(self.pool.busy, True))
+            self.result.n_streamed += len(run)
+            l, e = queue[run[0]]
+            d = self.link.h2d_run(f"L{l} e{e}" + (f"-e{e + len(run) - 1}" if len(run) > 1 else ""), c.blob(l),
+                                  len(run))
+            d.callbacks.append(lambda _, ks=run: [copied[k].succeed() for k in ks])
