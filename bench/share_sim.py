@@ -54,24 +54,28 @@ EMULATED_COPY_US = 7.0
 # b1162ae (routed-only groups of 8 in 16 slots, a CUDA event after every copy run, and the copy stream running dry
 # ahead of a group: prefill_timeline_stop18.log, 250 tokens, 29.8 ms of 118 idle with the host late, ~22 ms inside
 # the MoE blocks over 280 groups; 50 us a group fitted by a scan of 30/50/80/110 over every stored run's cells,
-# share_sim_checks_stop19.log); None: today's
-ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0)}
+# share_sim_checks_stop19.log); "stop19": share_f_losing_stop19's, routed-only groups of 16 in 32 slots (64 since
+# stop 19's routed_ring_ab_stop19.log); None: today's
+ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0),
+           "stop19": dict(routed_slots=32)}
 
 
 @contextlib.contextmanager
-def routed_walk(group: int | None):
-    """The routed-only walk of the engine that ran a stored run: launch groups of `group` experts in twice that many
-    ring slots (8 in 16 before b1162ae, stop 18: every bench/results/h200/share_*_stop1[4-6] run); None: today's
-    (policy.stream.ROUTED_ONLY_GROUP). The engine's plan (memplan.for_prompt) and the simulator read them."""
+def routed_walk(group: int | None, slots: int | None = None):
+    """The routed-only walk of the engine that ran a stored run: launch groups of `group` experts in `slots` ring
+    slots, twice the group unless given (8 in 16 before b1162ae, stop 18: every bench/results/h200/share_*_stop1[4-6]
+    run; 16 in 32 until stop 19); None: today's (policy.stream.ROUTED_ONLY_GROUP, ROUTED_ONLY_SLOTS). The engine's
+    plan (memplan.for_prompt) and the simulator read them."""
     from unittest import mock
 
     from strata.policy import stream
 
-    if group is None:
+    if group is None and slots is None:
         yield
         return
+    group = group or stream.ROUTED_ONLY_GROUP
     with mock.patch.object(stream, "ROUTED_ONLY_GROUP", group), \
-            mock.patch.object(stream, "ROUTED_ONLY_SLOTS", 2 * group):
+            mock.patch.object(stream, "ROUTED_ONLY_SLOTS", slots or 2 * group):
         yield
 
 
@@ -87,8 +91,9 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags)."""
     flags = dict(ENGINES[engine]) if engine else {}
     group = flags.pop("routed_group", None)
+    slots = flags.pop("routed_slots", None)
     group = routed_group or group
-    with routed_walk(group):
+    with routed_walk(group, slots):
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
                         host_issue_us, cpu, flags)
 
@@ -222,7 +227,7 @@ def main():
     ap.add_argument("--routed-group", type=int, help="the run's routed-only launch group (8 before b1162ae, stop 18; "
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
-                    "share_*_stop1[4-6] run's)")
+                    "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's)")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting

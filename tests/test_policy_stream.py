@@ -54,8 +54,8 @@ def test_ring_slots_and_walk():
 
 def test_routed_only_groups():
     """ours: routed-only launch groups of up to ROUTED_ONLY_GROUP, half the ring, at most the weight scratch; the
-    routed-only ring holds two of them."""
-    assert ROUTED_ONLY_SLOTS == 2 * ROUTED_ONLY_GROUP
+    routed-only ring holds four of them."""
+    assert ROUTED_ONLY_SLOTS == 4 * ROUTED_ONLY_GROUP
     assert routed_group(ROUTED_ONLY_SLOTS, 16) == ROUTED_ONLY_GROUP == 16
     assert routed_group(ROUTED_ONLY_SLOTS, 8) == 8          # a small weight scratch
     assert routed_group(8, 16) == 4                         # decode's 8-slot ring

@@ -48,7 +48,7 @@ class MemoryPlan:
 
     def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int, int]:
         """(layout chunk, ring slots, loan slots, group) of a prompt of `tokens`: its first chunk's walk sets the
-        ring (the routed-only walk's 16 slots, the planned ring for stream-all), and it borrows only what it lays
+        ring (the routed-only walk's slots, policy.ROUTED_ONLY_SLOTS, the planned ring for stream-all), and it borrows only what it lays
         out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers. A prompt shorter
         than the chunk takes the largest weight scratch whose layout still fits the planned loan (fewer, fuller
         launches: qwen3-30b-a3b's quarter cache at 250 tokens, 42.4 ms in groups of 16 against 48.2 in groups of 4,

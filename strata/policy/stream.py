@@ -17,9 +17,12 @@ ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's transfers in f
 # holding one group's copies beside the group being computed, so copies never wait for the group before. The
 # Python host enqueues each group's launches and copies, and a short prompt is host-bound: 8 slots in groups of 4
 # cost qwen3's 250-token prompt 17% on the H200 against 16 in groups of 8 (prefill_q8_ring8.log); flash-shape's
-# 250-token prompt spent ~45 ms of host time in 280 groups of 8 (prefill_host_profile_stop18.log).
+# 250-token prompt spent ~45 ms of host time in 280 groups of 8 (prefill_host_profile_stop18.log). The slots hold
+# four groups, three groups' copies in flight beside the group computing: on the H200 flash-shape's prompts under
+# 1,024 tokens took 0.955-0.986 of the time with 64 slots as with 32, for 32 more lent cache slots (+1% streamed;
+# routed_ring_ab_stop19.log). A plan's smaller stream-all ring caps it (memplan.for_prompt).
 ROUTED_ONLY_GROUP = 16
-ROUTED_ONLY_SLOTS = 2 * ROUTED_ONLY_GROUP
+ROUTED_ONLY_SLOTS = 4 * ROUTED_ONLY_GROUP
 RING_BUDGET_BYTES = 384 * 1_382_400  # #583 byte budget: 384 Q2_0 blobs' worth of ring (SPEC §3)
 RING_MIN, RING_MAX = 16, 512  # clamp of the byte-budget ring (ring_cap() without the fused ring)
 
@@ -81,7 +84,7 @@ def ring_budget_slots(max_blob_bytes: int) -> int:
 
 
 def ring_slots(cfg: Config, share: Share, chunk: int, max_blob_bytes: int, planned: int | None = None) -> int:
-    """Device ring slots for a chunk of ``chunk`` tokens: the routed-only walk's 16 below stream_all_min() or
+    """Device ring slots for a chunk of ``chunk`` tokens: the routed-only walk's 64 below stream_all_min() or
     with an override <= 8, else the override, else the planned ring (the loan planner's) or the byte-budget
     ring."""
     if chunk < stream_all_min(cfg, share) or _routed_only_asked(cfg):
@@ -134,8 +137,9 @@ def resident_runs(many: Sequence[bool], scratch: int) -> list[list[int]]:
 
 
 def routed_group(ring: int, scratch: int) -> int:
-    """Experts a routed-only launch group holds at most: ROUTED_ONLY_GROUP, half the ring (one group's copies land
-    while the group before computes), and the weight scratch. The engine and the simulator group this way."""
+    """Experts a routed-only launch group holds at most: ROUTED_ONLY_GROUP, half the ring (at least one group's
+    copies land while the group before computes), and the weight scratch. The engine and the simulator group this
+    way."""
     return max(1, min(ROUTED_ONLY_GROUP, ring // 2, scratch))
 
 
