@@ -204,6 +204,35 @@ def test_a_wasteful_stream_all_walk_gives_way_to_the_routed_only_walk():
     assert sum(line.startswith("walk: the last stream-all chunk streamed") for line in logs) == 1, logs
 
 
+def test_the_stream_all_walk_issues_a_layers_copies_before_its_routing_sync():
+    """The engine thread issues the stream-all walk's copies (no issuer thread): at chunk start and after each
+    layer's groups, every entry whose slot is free, so each layer's first experts are on the copy stream before the
+    engine waits in that layer's routing sync (the link works through the attention), and never more than the ring
+    holds. (tiny-qwen3moe's queue fits the 16-slot ring: this pins the chunk-start issue.)"""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    dev = HostDevice()
+    try:
+        e = GpuEngine(m, dev, n_ctx=64, expert_cache=m.cfg.n_layer * m.cfg.n_expert // 2,
+                      config=policy.Config(stream_min=0))
+        seen, moe = [], e.ops.moe              # the model file reaches the MoE block through the ops
+
+        def watch(h, layer, ids, w):
+            walk = e._walk
+            first = e._layer_entries[layer].start
+            seen.append((layer, walk.issued > first, walk.issued <= walk.consumed + walk.ring.n))
+            return moe(h, layer, ids, w)
+
+        e.ops.moe = watch
+        e.prefill(list(range(5, 25)))
+    finally:
+        dev.close()
+    assert [w for _, w, _ in e.stats.chunks] == ["stream-all"]
+    assert seen and all(ahead and within for _, ahead, within in seen), seen
+
+
 @pytest.mark.parametrize("kind", _devices())
 def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
     """A prompt's launch groups dequantise at most plan.group experts (memplan.PROMPT_GROUPS: a tight loan takes a

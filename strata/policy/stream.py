@@ -14,7 +14,7 @@ from .env import Config, Share
 STREAM_ALL_MIN_OFF = 1024  # stream_all_min() without the share and without an override
 ROUTED_ONLY_RING = 8  # prefill.cpp STAGE: the routed-only walk's transfers in flight ahead of compute
 # ours: the routed-only walk computes its experts in launch groups of up to ROUTED_ONLY_GROUP, its device slots
-# holding one group's copies beside the group being computed, so copies never wait for the group before. The
+# holding later groups' copies beside the group being computed, so copies never wait for the group before. The
 # Python host enqueues each group's launches and copies, and a short prompt is host-bound: 8 slots in groups of 4
 # cost qwen3's 250-token prompt 17% on the H200 against 16 in groups of 8 (prefill_q8_ring8.log); flash-shape's
 # 250-token prompt spent ~45 ms of host time in 280 groups of 8 (prefill_host_profile_stop18.log). The slots hold
