@@ -56,7 +56,7 @@ class EngineWalks:
         sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
         sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
         done: list = []
-        by_issue = getattr(c, "by_issue", False)   # (a test's fixed costs: host_issue_us and one copy an expert)
+        by_issue = c.by_issue        # the host timed by what it issues (Costs.by_issue), else per streamed expert
         for kind, i in compute_order(len(rg), len(sg)):
             if kind == "res":
                 if by_issue:
@@ -129,7 +129,7 @@ class EngineWalks:
             sg = walk_runs([k for k in entries if cnt[queue[k][1]] > 0], min(self.group, ring // 2), ring)
             passed = 0   # the layer's entries before this point are issued to compute or released
             for kind, i in compute_order(len(rg), len(sg)):
-                if kind != "free" and getattr(self.costs, "by_issue", False):
+                if kind != "free" and self.costs.by_issue:
                     yield from self._host(self.costs.host_group_us(self.pool.busy))
                 if kind == "res":
                     self._group_op(l, rg[i], cnt)
@@ -149,7 +149,7 @@ class EngineWalks:
         """The stream-all copies: entry k is issued once entry k - ring was consumed, one copy a blob (the engine
         thread issues them between its launches since stop 19, an issuer thread before)."""
         c, res = self.costs, self.result
-        if getattr(c, "by_issue", False):
+        if c.by_issue:
             yield from self._run_issuer(queue, copied, consumed, ring)
             return
         for k, (l, e) in enumerate(queue):

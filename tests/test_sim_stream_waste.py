@@ -25,6 +25,7 @@ S, R = Walk.STREAM_ALL, Walk.ROUTED_ONLY
 
 # fmt: off
 class FixedCosts:   # µs; only the walk choice matters here
+    by_issue = False   # host_issue_us a streamed expert, one copy a blob (sim/costs.py Costs.by_issue)
     def blob(self, l): return 1000
     def dense_us(self, t, ctx): return 100.0
     def combine_us(self, t): return 10.0

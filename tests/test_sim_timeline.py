@@ -24,6 +24,7 @@ IDS = np.array([[[0, 1], [0, 2], [0, 3], [1, 4]], [[5, 6], [5, 7], [6, 7], [5, 0
 
 # fmt: off
 class FixedCosts:
+    by_issue = False   # host_issue_us a streamed expert, one copy a blob (sim/costs.py Costs.by_issue)
     def __init__(self, model):
         self.model = model
 
