@@ -176,7 +176,7 @@ class _Runner(EngineWalks):
         self.in_ram = [True] * run.model.n_expert  # the arena pins every expert (ours)
         self.gpu = Stream(env, "gpu", tl)
         self.pool = CpuPool(env, tl)
-        self.link = Link(env, costs.copy_us, self.pool, tl, getattr(costs, "copy_run_us", None))
+        self.link = Link(env, costs.copy_us, self.pool, tl, costs.copy_run_us if costs.by_issue else None)
         self.rng = np.random.default_rng([run.seed, 3])
         self.n_layer = min(run.layers or run.model.n_layer, run.model.n_layer)
         self.windows: list = []

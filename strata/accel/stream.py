@@ -77,9 +77,9 @@ class Walk:
     def slot(self, k: int) -> int:
         return k % self.ring.n
 
-    def _issue_run(self, limit: int) -> int:
+    def _issue_run(self, limit: int) -> None:
         """Issue the run of entries from `issued` (below `limit`): same layer, consecutive experts, no ring
-        wrap. Returns the new `issued`."""
+        wrap; `issued` moves past it."""
         k0 = self.issued
         l, e0 = self.entries[k0]
         k1 = k0 + 1
@@ -91,7 +91,6 @@ class Walk:
         for k in range(k0, k1):
             self._copied[k] = ev
         self.issued = k1
-        return k1
 
     def ensure_issued(self, k: int) -> None:
         """Issue up to entry k (its slot's entry R before must have been consumed)."""

@@ -137,9 +137,6 @@ class Device(abc.ABC):
         The arrays fn allocates stay allocated while the graph lives (a replay writes them again)."""
         return Graph(fn)
 
-    def bind_thread(self) -> None:
-        """Call first in any thread that issues device work (CUDA: make this device current there)."""
-
     def close(self) -> None:
         pass
 

@@ -129,9 +129,6 @@ class CudaDevice(Device):
         self._link_k = None
         self._wait_k = None
 
-    def bind_thread(self) -> None:
-        self._dev.use()
-
     def capture(self, fn) -> CudaGraph:
         return CudaGraph(self, fn)
 
