@@ -11,7 +11,8 @@ shape: Qwen3-30B-A3B's (D 2048, F 768) unless --shape D,F. GB/s counts weight by
 `--experts` distinct experts, and batches rotate over copies filling three times the last-level cache, so each
 batch reads DRAM (the H200 host's L3 is 300 MiB: 64 Qwen3 experts would fit). Timed: the pool's run of a planned
 batch with its workers awake, as in the engine (expert_throughput). llama.cpp runs in a subprocess through
-llama-cpp-python (the column is skipped, with a note, when that interpreter is missing).
+llama-cpp-python (the column is skipped, with a note, when that interpreter is missing). pool_probe times a given
+pool on a model's own experts as the prefill share runs them (bench/cpu_share.py probes each configuration's pool).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 
 import numpy as np
 
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hw_probe import host_bandwidth  # noqa: E402
 from strata import quants  # noqa: E402
-from strata.accel.cpu.pool import ExpertJob, ExpertPool, available_cores  # noqa: E402
+from strata.accel.cpu.pool import MAXT, ExpertJob, ExpertPool, available_cores  # noqa: E402
 
 _LLAMA_SCRIPT = r"""
 import json, sys, time
@@ -119,9 +121,8 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
                 for n in a.tokens:
                     batch = blobs[turn[name] % len(blobs)]
                     turn[name] += 1
-                    jobs = [ExpertJob(b, (qt, qt, qt), d, f, xs[n][i], outs[n][i]) for i, b in enumerate(batch)]
-                    plan = pool.plan(jobs)
-                    wake = pool.plan(jobs[:1])
+                    plan = batch_plan(pool, batch, (qt, qt, qt), d, f, xs[n], outs[n], n)
+                    wake = batch_plan(pool, batch[:1], (qt, qt, qt), d, f, xs[n], outs[n], n)
                     time.sleep(0.005)   # every pool past its spin window: parked, not competing
                     pool.run_plan(*wake)
                     t0 = time.perf_counter()
@@ -138,6 +139,79 @@ def expert_throughput(a, threads_all: int) -> list[dict]:
     for pool in pools.values():
         pool.close()
     return rows
+
+
+def batch_plan(pool, blobs, types, d: int, f: int, xs, outs, n: int):
+    """The pool's plan for one expert a blob on its own n token rows (xs[i][:n] -> outs[i][:n]): the rows
+    CpuBlock._jobs builds for a share, whose experts never share input rows (so no job reuses another's
+    quantised activations)."""
+    return pool.plan([ExpertJob(b, types, d, f, xs[i][:n], outs[i][:n]) for i, b in enumerate(blobs)])
+
+
+def share_us(pool, plan) -> float:
+    """Wall µs of one batch run as the prefill share runs it: submitted to the workers and waited for
+    (CpuBlock.launch, settle: the engine thread takes no tiles); a pool of the host thread alone runs it inline."""
+    t0 = time.perf_counter()
+    if pool.workers:
+        pool.submit(*plan)
+        pool.wait()
+    else:
+        pool.run_plan(*plan)
+    return (time.perf_counter() - t0) * 1e6
+
+
+def _probe_slots(layers, probed: list[int], n: int) -> list[tuple[int, int]]:
+    """(layer, first expert) of every run of n neighbouring experts in the probed layers, layer-interleaved:
+    consecutive batches read far-apart blobs, so a batch finds its blobs in DRAM, as a share does."""
+    per = [[(l, e0) for e0 in range(0, layers[l].shape[0] - n + 1, n)] for l in probed]
+    return [s for group in zip(*per) for s in group]
+
+
+def pool_probe(pool, layers, types, d: int, f: int, experts: int = 32, reps: int = 5, seed: int = 0) -> dict:
+    """This pool's speed on a model's own experts as the prefill share runs them (SPEC §4: the CPU takes experts
+    of 1..MAXT tokens): wall µs an expert at t = 1..MAXT tokens, and a batch's fixed µs (dispatch + join).
+
+    layers: per layer the [E, blob] uint8 experts as the pool reads them (the engine's arena); types: per layer
+    (gate, up, down) ggml ids; the layers of the most common types are probed. A batch holds `experts` distinct
+    experts or a quarter of that (the stored H200 runs' fixed shares gave the CPU 84-215 a layer: a line through
+    the two sizes reaches them, and a one-worker pool probes in seconds). Per t the two sizes' medians over `reps`
+    interleaved rounds (one more, first, warms up) give batch(n) = batch_us + n x us(t); the fixed part is the
+    median over t of the lines' intercepts (a batch costs it whatever its t), us(t) what the large batch leaves."""
+    common = Counter(types).most_common(1)[0][0]   # ties: the first layer's
+    probed = [l for l, t in enumerate(types) if t == common]
+    big = max(1, min(experts, min(layers[l].shape[0] for l in probed)))
+    sizes = (big, max(1, big // 4))
+    slots = _probe_slots(layers, probed, big)
+    rng = np.random.default_rng(seed)
+    xs = (0.5 * rng.standard_normal((big, MAXT, d))).astype(np.float32)   # [n, MAXT, D]
+    outs = np.empty((big, MAXT, d), np.float32)
+    wall = {(n, t): [] for n in sizes for t in range(1, MAXT + 1)}
+    turn, t_start = 0, time.perf_counter()
+    for r in range(reps + 1):
+        for t in range(1, MAXT + 1):
+            for n in sizes:
+                l, e0 = slots[turn % len(slots)]
+                turn += 1
+                plan = batch_plan(pool, list(layers[l][e0:e0 + n]), common, d, f, xs, outs, t)
+                us = share_us(pool, plan)
+                if r:
+                    wall[n, t].append(us)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    b, s = sizes
+    ts = range(1, MAXT + 1)
+    lines = [(b * med[s, t] - s * med[b, t]) / (b - s) for t in ts] if b > s else [0.0]
+    batch_us = min(max(0.0, statistics.median(lines)), min(med[s, t] for t in ts))   # within the smallest batch
+    return {"workers": pool.workers, "types": [quants.type_name(q) for q in common], "layers": probed,
+            "experts": list(sizes), "reps": reps, "us_per_expert": [(med[b, t] - batch_us) / b for t in ts],
+            "batch_us": batch_us, "wall_us": {str(n): [med[n, t] for t in ts] for n in sizes},
+            "seconds": time.perf_counter() - t_start}
+
+
+def probe_line(p: dict) -> str:
+    return (f"pool probe ({p['workers']} workers, {'/'.join(p['types'])} experts, batches of "
+            f"{' and '.join(map(str, p['experts']))}, medians of {p['reps']}, {p['seconds']:.1f} s): us an expert at "
+            f"1..{len(p['us_per_expert'])} tokens " + " ".join(f"{u:.1f}" for u in p["us_per_expert"])
+            + f"; a batch {p['batch_us']:.0f} us")
 
 
 def model_file(a) -> str:

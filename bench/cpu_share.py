@@ -3,10 +3,12 @@ fixed shares / auto at several prompt lengths, medians, the share chosen, expert
 then a losing configuration (the pool cut to one worker) to show the gate caps the loss. STRATA_DBG_LINK_GBPS=x
 runs it on an emulated slower PCIe (the copy stream held to x GB/s), the simulator column likewise. The rounds
 measure the steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
-exploration, are printed beside off before them.
+exploration, are printed beside off before them. Before them each configuration's pool is probed on the model's
+experts (bench/cpu_pool.py pool_probe: µs an expert at 1..8 tokens, a batch's fixed µs; the lent machines' pools
+differ from lease to lease), stored as its "pool_probe" and used by the simulator column (bench/share_sim.py).
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
-                          [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--json out.json]
+                          [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--probe-reps 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--spin-us", type=float, help="the pool's spin before it dozes (ExpertPool's default: 2000)")
     ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
+    ap.add_argument("--probe-reps", type=int, default=5, help="rounds of the pool probe (0: no probe; the simulator "
+                    "column then prices the pool by the catalogue)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,6 +56,8 @@ def main():
     from strata.accel.engine import GpuEngine
     from strata.accel.memplan import budget_holding
     from strata.policy import Share, ShareMode, size_class_floor
+
+    from cpu_pool import pool_probe, probe_line
 
     log = lambda s: print(s, file=sys.stderr)
 
@@ -87,6 +93,11 @@ def main():
             for L in lengths:
                 eng.reset()
                 eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
+        probe = None
+        if a.probe_reps > 0:   # this lease's pool on the arena's blobs (no loan refill in flight), for the simulator
+            settle(eng)
+            probe = pool_probe(pool, arena.layers, arena.types, c.n_embd, c.n_ff_exp, reps=a.probe_reps)
+            print(f"\n{label}: {probe_line(probe)}")
         # auto's first prompts, from a fresh meter and gate (its exploration, SPEC §6), beside off; then the
         # rounds measure the steady state: the gate's state persists across requests (SPEC §6)
         pols = {name: eng.use_share(sh) for name, sh in settings}
@@ -145,16 +156,17 @@ def main():
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
             from sim.workload import TraceRouting
-            from share_sim import comparison_lines, predict
+            from share_sim import comparison_lines, predict, probe_note
 
             ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
             if a.json:
                 np.savez_compressed(f"{a.json}.{label.replace(' ', '_')}.routing.npz", ids=ids)
             routing = TraceRouting(ids.astype(np.int64))
             names = [n for n, _ in settings]
-            pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing, cfg.dbg_link_gbps)
-            print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt), ms: "
-                  f"measured / predicted (error)")
+            pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing, cfg.dbg_link_gbps,
+                           probe=probe)
+            print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt{probe_note(probe)}), "
+                  f"ms: measured / predicted (error)")
             print("\n".join(comparison_lines(tab, pred, lengths, names)))
             for L in lengths:
                 for n in names:
@@ -174,6 +186,8 @@ def main():
                                           for c, (s, g, n) in classes.items()},
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
+        if probe is not None:
+            report[label]["pool_probe"] = probe
         pool.close()
     if a.json:
         with open(a.json, "w") as f:

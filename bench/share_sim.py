@@ -6,11 +6,12 @@ one prompt each; auto is simulated over every length twice with one session, the
 bench measures auto's steady state (SPEC §6: the gate persists across requests).
 
 python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz | --trace LABEL=routing.npz ...]
-                          [--machine h200-host16] [--engine stop17 | --routed-group 8]
+                          [--machine h200-host16] [--engine stop17 | --routed-group 8] [--no-probe]
 
 A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens; with
 LABEL= it routes that configuration of the JSON only ("small_pool"), each with its own (bench/cpu_share.py records
-one a configuration since stop 19).
+one a configuration since stop 19). A configuration's "pool_probe" (bench/cpu_share.py since the probe: its own
+pool timed on the model's experts) prices the CPU experts in place of the catalogue's pool model, as the header says.
 """
 
 from __future__ import annotations
@@ -82,24 +83,28 @@ def routed_walk(group: int | None, slots: int | None = None):
 def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str, routing=None,
             link_gbps: float | None = None, calib: dict | None = None,
             link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None,
-            cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None) -> dict:
+            cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None,
+            probe: dict | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
     simulated meter's share after auto's session). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
     the copy's start: its real time, being shorter, disappears inside). cpu: fields of the catalogue CPU to
     replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk).
-    engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags)."""
+    engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags).
+    probe: the configuration's "pool_probe" (bench/cpu_share.py): its pool's measured cost in place of the modelled
+    one (sim.costs.PoolProbe); None: the catalogue's pool."""
     flags = dict(ENGINES[engine]) if engine else {}
     group = flags.pop("routed_group", None)
     slots = flags.pop("routed_slots", None)
     group = routed_group or group
     with routed_walk(group, slots):
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags)
+                        host_issue_us, cpu, flags, probe)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu, flags) -> dict:
+             host_issue_us, cpu, flags, probe) -> dict:
+    from sim.costs import PoolProbe
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
     from sim.whatif import setting_config
@@ -120,6 +125,10 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     if cpu:
         mach = dataclasses.replace(mach, cpu=dataclasses.replace(mach.cpu, **cpu))
     cfgs = {n: setting_config("default" if n == "auto" else n) for n in names}
+    if probe is not None:
+        if probe["workers"] != workers:
+            raise ValueError(f"a probe of {probe['workers']} pool workers for a run of {workers}")
+        flags = {**flags, "probe": PoolProbe.from_json(probe)}
 
     def lent(n, L):   # what the engine lends that prompt (policy.prompt_loan through its plan), and its group
         share = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cfg=cfgs[n]).share
@@ -143,6 +152,15 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
     return out
+
+
+def probe_note(probe: dict | None) -> str:
+    """The header's word on the pool: nothing where the catalogue's model priced it."""
+    if probe is None:
+        return ""
+    us = probe["us_per_expert"]
+    return (f", pool probed: {'/'.join(probe['types'])} {us[0]:.0f}..{us[-1]:.0f} us an expert at 1..{len(us)} "
+            f"tokens + {probe['batch_us']:.0f} us a batch")
 
 
 def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
@@ -228,6 +246,8 @@ def main():
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's)")
+    ap.add_argument("--no-probe", action="store_true", help="price the pool by the catalogue's model even where the "
+                    "JSON holds the run's pool_probe")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting
@@ -247,11 +267,13 @@ def main():
         names = list(next(iter(table.values())))
         plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
         link = rep.get("link_gbps")
+        probe = None if a.no_probe else rep.get("pool_probe")
         pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                       routed_group=a.routed_group, engine=a.engine)
+                       routed_group=a.routed_group, engine=a.engine, probe=probe)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
               f"simulator ({a.machine}, "
-              f"{'traced' if routing is not None else 'Zipf'} routing), ms: measured / predicted (error)")
+              f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}), ms: measured / predicted "
+              f"(error)")
         print("\n".join(comparison_lines(table, pred, lengths, names)))
 
 

@@ -4,10 +4,13 @@ Units: bytes / (GB/s x 1e3) = µs; flops / (TFLOPS x 1e6) = µs. Work per expert
 group runs this engine's path (strata/accel/moe.py, calib ``gpu_experts`` "rows_gemm"): an expert of at most
 FEW_ROWS rows reads its blob once (expert_rows), the others are dequantised to fp16 and multiplied on 64-row
 tiles (dequant + gemm_grouped); or the original's (the seeds' machines, "mmq"): int8 MMQ on tiles of 8 tokens.
-The CPU pool splits each expert's rows across its workers.
+The CPU pool splits each expert's rows across its workers; a run's probe of its own pool (PoolProbe) replaces that
+model where given.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .calibration import CALIB, Calib
 from .hardware import Machine, catalogue
@@ -18,8 +21,29 @@ FEW_ROWS = 8  # rows_gemm: strata/accel/moe.py FEW_ROWS, experts of at most this
 GEMM_ROWS = 64  # rows_gemm: strata/accel/moe.py GEMM_BM, the grouped GEMM's row tile (rows pad up to it)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolProbe:
+    """A run's own pool measured on its model's experts (bench/cpu_pool.py pool_probe, stored by bench/cpu_share.py
+    as a configuration's "pool_probe"): the lent machines' pools differ 1.2-1.4x from lease to lease, which no
+    catalogue constant holds. It replaces the modelled cost of the experts of its types and the batch's fixed cost."""
+
+    types: tuple[str, str, str]  # (gate, up, down) ggml type names of the probed experts
+    us_per_expert: tuple[float, ...]  # wall µs an expert of t = 1..8 tokens in a batch
+    batch_us: float  # a batch's fixed wall µs (dispatch + join)
+    workers: int
+
+    def __post_init__(self):
+        assert self.us_per_expert and all(u > 0 for u in self.us_per_expert), f"a probe needs costs > 0: {self}"
+        assert self.batch_us >= 0, f"a batch's fixed cost is at least 0: {self}"
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PoolProbe":
+        return cls(tuple(d["types"]), tuple(float(u) for u in d["us_per_expert"]), float(d["batch_us"]),
+                   int(d["workers"]))
+
+
 class Costs:
-    def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB):
+    def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB, probe: PoolProbe | None = None):
         calib = calib.over(machine.calib)   # constants measured on this machine win over the seed-fitted ones
         self.machine, self.model, self.calib = machine, model, calib
         self.mmq = calib.gpu_experts == "mmq"
@@ -37,6 +61,10 @@ class Costs:
             for l in range(L)
         ]
         self._family = [family(TYPE_NAME[s.type_of("exp_gate", l)]) for l in range(L)]
+        self.probe = probe   # measured on the run's own pool: its layers' CPU experts cost what it measured
+        roles = ("exp_gate", "exp_up", "exp_down")
+        self._probed = [probe is not None and probe.types == tuple(TYPE_NAME[s.type_of(r, l)] for r in roles)
+                        for l in range(L)]
         # kernels a matrix pass takes: gate|up is one [2F, D] matrix when both have one type (moe.py), then down
         self._mats = [2 if s.type_of("exp_gate", l) == s.type_of("exp_up", l) else 3 for l in range(L)]
         self._body: dict[tuple[int, int], float] = {}
@@ -191,9 +219,11 @@ class Costs:
 
     # --- CPU pool ----------------------------------------------------------------------------------------
     def cpu_expert_us(self, layer: int, nt: int) -> float:
-        """One expert of ``nt`` tokens on the pool: unpack once (gate+up are 2/3 of the weights), one
-        multiply-accumulate per weight per token, split across the workers at their clock; at least the blob's
-        DRAM read at the workers' bandwidth."""
+        """One expert of ``nt`` tokens on the pool: what the run's probe measured for this layer's types; else
+        unpack once (gate+up are 2/3 of the weights), one multiply-accumulate per weight per token, split across
+        the workers at their clock; at least the blob's DRAM read at the workers' bandwidth."""
+        if self._probed[layer]:
+            return self.probe.us_per_expert[min(nt, len(self.probe.us_per_expert)) - 1]
         key = (layer, nt)
         if key not in self._cpu:
             c, cal = self.machine.cpu, self.calib
@@ -211,4 +241,5 @@ class Costs:
 
     def cpu_pool_us(self, layer: int, counts: list[int]) -> float:
         """The CPU thread's wall time for its experts (each split by rows across all workers)."""
-        return self.calib.pool_dispatch_us + sum(self.cpu_expert_us(layer, n) for n in counts)
+        fixed = self.probe.batch_us if self.probe is not None else self.calib.pool_dispatch_us
+        return fixed + sum(self.cpu_expert_us(layer, n) for n in counts)

@@ -33,7 +33,7 @@ from strata.policy import (
 )
 
 from .calibration import CALIB, Calib
-from .costs import Costs
+from .costs import Costs, PoolProbe
 from .hardware import Machine
 from .models import SimModel
 from .streams import CpuPool, Link, Stream, Timeline
@@ -61,7 +61,8 @@ class Run:
     timeline: bool = False
     layers: int | None = None  # simulate the first N layers only, times scaled to the full depth (sweeps)
     calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
-    costs: Costs | None = None  # durations; None: Costs(machine, model, calib) (tests pass fixed ones)
+    costs: Costs | None = None  # durations; None: Costs(machine, model, calib, probe) (tests pass fixed ones)
+    probe: PoolProbe | None = None  # the run's pool as measured (bench/cpu_share.py), over the modelled pool
     resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
     residency: tuple | None = None  # per layer, per expert: resident during the prompt (an engine's own fill,
     #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
@@ -134,7 +135,7 @@ class Result:
 def prefill(run: Run, session: Session | None = None) -> Result:
     env = simpy.Environment()
     tl = Timeline(run.timeline)
-    costs = run.costs or Costs(run.machine, run.model, run.calib)
+    costs = run.costs or Costs(run.machine, run.model, run.calib, run.probe)
     share = run.share
     session = session or Session(share_policy(share, run.gated))
     vp = plan_vram(run.machine, run.model, run.cfg, run.ctx, run.cache_slots)

@@ -1,0 +1,124 @@
+"""A run's pool probe: bench/cpu_pool.py pool_probe times a pool on a model's own experts as the prefill share runs
+them (bench/cpu_share.py stores it per configuration), and the simulator prices that run's CPU experts by it
+(sim.costs.PoolProbe) in place of the catalogue's pool model; without a probe every prediction is today's."""
+
+import dataclasses
+import os
+import sys
+import warnings
+
+import pytest
+
+from sim.costs import Costs, PoolProbe
+from sim.engine import Run, prefill
+from sim.hardware import machine
+from sim.models import TYPE_NAME, model
+from sim.whatif import setting_config
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+ROLES = ("exp_gate", "exp_up", "exp_down")
+FLASH = ("IQ2_XS", "IQ2_XS", "IQ4_NL")   # flash-shape's experts (the H200 share runs' model)
+
+
+@pytest.fixture(scope="module")
+def arena(tmp_path_factory):
+    """tiny-qwen2moe's shape with 16 experts a layer: layers 0 and 1 of flash-shape's expert types, layer 2 of
+    Q8_0, in an arena on the host device (the blobs as the engine's pool reads them)."""
+    from strata import models
+    from strata.accel.arena import Arena
+    from strata.accel.device.host import HostDevice
+    from strata.synth.build import synthesise
+    from strata.synth.presets import GGML, PRESETS
+
+    base = PRESETS["tiny-qwen2moe"]
+    types = {k: v for k, v in base.types.items() if not k.startswith("exp_")}
+    types |= {r: GGML[t] for r, t in zip(ROLES, FLASH)} | {f"{r}@2": GGML["Q8_0"] for r in ROLES}
+    shape = dataclasses.replace(base, n_layer=3, n_expert=16, types=types)
+    path = str(tmp_path_factory.mktemp("probe") / "probe.gguf")
+    synthesise(shape, path, seed=0, name="probe")
+    m = models.load(path)
+    dev = HostDevice()
+    yield m.cfg, Arena(m, dev)
+    dev.close()
+    m.close()
+
+
+@pytest.mark.parametrize("workers", [1, 0])
+def test_the_probe_times_the_pool_on_the_models_experts(arena, workers):
+    """The engine's way (submitted to the workers) and a pool of the host thread alone: 8 positive costs on the
+    layers of the most common expert types, more tokens costing more where the host thread runs them alone (a
+    worker and a waiting host thread on a 2-core CI box lose whole time slices to any other process)."""
+    from cpu_pool import pool_probe, probe_line
+    from strata.accel.cpu.pool import ExpertPool
+
+    cfg, ar = arena
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # more threads than cores (a 1-core box) only parks them
+        pool = ExpertPool(workers=workers)
+    try:
+        p = pool_probe(pool, ar.layers, ar.types, cfg.n_embd, cfg.n_ff_exp)
+    finally:
+        pool.close()
+    print(probe_line(p))
+    us = p["us_per_expert"]
+    assert (p["workers"], tuple(p["types"]), p["layers"], p["experts"]) == (workers, FLASH, [0, 1], [16, 4])
+    assert len(us) == 8 and all(u > 0 for u in us) and p["batch_us"] >= 0
+    # increasing-ish: eight tokens cost more than one, the upper half more than the lower (noise moves single
+    # cells; MAXT rows run a kernel of their own, so t = 8 may undercut t = 7)
+    assert workers or us[-1] > us[0] and sum(us[4:]) > sum(us[:4]), us
+    assert PoolProbe.from_json(p).us_per_expert == tuple(us)   # what bench/share_sim.py reads back
+
+
+def _flash(layers: int = 4):
+    m = model("flash-shape")
+    m = dataclasses.replace(m, shape=dataclasses.replace(m.shape, n_layer=layers))
+    assert tuple(TYPE_NAME[m.shape.type_of(r, 0)] for r in ROLES) == FLASH
+    return m
+
+
+def _modelled(costs: Costs, workers: int) -> PoolProbe:
+    """A probe that measured exactly what the catalogue's pool model gives."""
+    us = tuple(costs.cpu_expert_us(0, t) for t in range(1, 9))
+    return PoolProbe(FLASH, us, costs.calib.pool_dispatch_us, workers)
+
+
+def test_a_probe_replaces_the_pool_model_for_its_types():
+    m = _flash()
+    mach = dataclasses.replace(machine("h200-host16"), pool_workers=1)
+    base = Costs(mach, m)
+    probe = PoolProbe(FLASH, tuple(100.0 + 10 * t for t in range(1, 9)), 25.0, 1)
+    c = Costs(mach, m, probe=probe)
+    assert [c.cpu_expert_us(2, t) for t in range(1, 9)] == list(probe.us_per_expert)
+    assert c.cpu_pool_us(2, [1, 3, 8]) == 25.0 + 110.0 + 130.0 + 180.0
+    other = PoolProbe(("Q4_K", "Q4_K", "Q4_K"), probe.us_per_expert, 25.0, 1)   # no layer of its types
+    c = Costs(mach, m, probe=other)
+    assert [c.cpu_expert_us(0, t) for t in range(1, 9)] == [base.cpu_expert_us(0, t) for t in range(1, 9)]
+    assert c.cpu_pool_us(0, [2]) == 25.0 + base.cpu_expert_us(0, 2)   # the batch's cost is the pool's
+    with pytest.raises(AssertionError):
+        PoolProbe(FLASH, (0.0,) * 8, 0.0, 1)
+
+
+@pytest.mark.parametrize("workers", [14, 1])
+def test_the_simulated_prompt_follows_the_probe(workers):
+    """A probe that measured the model's own table predicts today's prompt to the bit; one twice as slow, a longer
+    CPU-bound prompt (a fixed 0.6 share); off runs no CPU expert and does not move."""
+    m = _flash()
+    mach = dataclasses.replace(machine("h200-host16"), pool_workers=workers)
+    same = _modelled(Costs(mach, m), workers)
+    slow = dataclasses.replace(same, us_per_expert=tuple(2 * u for u in same.us_per_expert))
+    ms = {}
+    for setting in ("off", "0.6"):
+        run = Run(mach, m, 250, cfg=setting_config(setting), cache_slots=512)
+        ms[setting] = [prefill(dataclasses.replace(run, probe=p)).prompt_ms for p in (None, same, slow)]
+    assert ms["off"][0] == ms["off"][1] == ms["off"][2]
+    assert ms["0.6"][0] == ms["0.6"][1] < ms["0.6"][2]
+    assert prefill(Run(mach, m, 250, cfg=setting_config("0.6"), cache_slots=512)).prompt_ms == ms["0.6"][0]
+
+
+def test_share_sim_names_the_probe_in_its_header():
+    from share_sim import probe_note
+
+    assert probe_note(None) == ""
+    p = {"types": list(FLASH), "us_per_expert": [40.2, 50, 60, 70, 80, 90, 100, 118.6], "batch_us": 31.0}
+    assert probe_note(p) == ", pool probed: IQ2_XS/IQ2_XS/IQ4_NL 40..119 us an expert at 1..8 tokens + 31 us a batch"
