@@ -29,6 +29,7 @@ class CpuBlock:
         self.policy = share_policy(share)
         self.auto = self.policy.kind in (ShareKind.AUTO, ShareKind.AUTO_ONE, ShareKind.AUTO_UNGATED)
         self.chooser = CHOOSERS.create(ChooserKind.FEWEST_FIRST)
+        self.in_ram = np.ones(cfg.n_expert, bool)     # every blob sits in the pinned arena
         D, K = cfg.n_embd, cfg.n_expert_used
         # pinned staging, sized once for the largest step so no window pays an allocation
         self.x_host = dev.pinned(cap * D * 4).view(np.float32).reshape(cap, D)
@@ -93,7 +94,7 @@ class CpuBlock:
                 self.log(reading.line())
 
     def choose(self, cnt, resident, arm: bool) -> tuple[tuple[int, ...], int]:
-        choice = self.chooser.choose(cnt, resident, [True] * len(cnt), self.policy.share(arm))
+        choice = self.chooser.choose(cnt, resident, self.in_ram, self.policy.share(arm))
         return choice.cpu, choice.nstream
 
     def launch(self, layer: int, lay, stream, threaded: bool) -> None:

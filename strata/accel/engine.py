@@ -344,7 +344,7 @@ class GpuEngine:
         cpu, nstream = (), 0
         if share_layer:
             cb.after_sync()
-            cpu, nstream = cb.choose(cnt.tolist(), resident.tolist(), arm)
+            cpu, nstream = cb.choose(cnt, resident, arm)
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU

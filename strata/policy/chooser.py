@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Sequence
 
+import numpy as np
+
 from .registry import Registry
 
 MAXT = 8  # the CPU multi-token kernel's token limit per expert (pool.hpp)
@@ -59,19 +61,15 @@ class FewestFirst(Chooser):
     def choose(
         self, cnt: Sequence[int], resident: Sequence[bool], in_ram: Sequence[bool], share: float
     ) -> CpuChoice:
-        assert len(cnt) == len(resident) == len(in_ram), "cnt, resident and in_ram cover the same experts"
+        # in numpy: a Python loop over flash-shape's 512 experts took ~0.1 ms of host time a layer, shared or not
+        cnt, resident, in_ram = np.asarray(cnt), np.asarray(resident, bool), np.asarray(in_ram, bool)
+        assert cnt.shape == resident.shape == in_ram.shape, "cnt, resident and in_ram cover the same experts"
         assert 0.0 <= share <= 1.0, f"share {share} outside [0, 1]"
-        nstream = 0
-        cands: list[tuple[int, int]] = []
-        for e in range(len(cnt)):
-            c = int(cnt[e])
-            if c <= 0 or resident[e]:
-                continue
-            nstream += 1
-            if c <= self.maxt and in_ram[e]:
-                cands.append((c, e))
-        take = min(len(cands), llround(share * nstream))
+        streamed = (cnt > 0) & ~resident                        # routed, non-resident
+        nstream = int(streamed.sum())
+        cands = np.flatnonzero(streamed & (cnt <= self.maxt) & in_ram)      # ascending id
+        take = min(cands.size, llround(share * nstream))
         if take <= 0:
             return CpuChoice((), nstream)
-        cands.sort()
-        return CpuChoice(tuple(e for _, e in cands[:take]), nstream)
+        order = cands[np.argsort(cnt[cands], kind="stable")]               # by (cnt, id): stable over ids
+        return CpuChoice(tuple(int(e) for e in order[:take]), nstream)
