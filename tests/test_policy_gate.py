@@ -131,10 +131,10 @@ def test_gated_share_uses_meter_after_readings():
 
 
 def _drive(pol, chunks, wall, cpu_ms=1.0, gpu_ms=2.0):
-    """Run eligible layers 0..7 of each chunk (tokens) through `pol`; wall(tokens, shared) is a window's ms.
-    Returns the (tokens, layer, arm, share) of every layer."""
+    """Run eligible layers 0..7 of each chunk (tokens) through `pol`; wall(tokens, shared) is a window's ms;
+    cpu_ms a number or a function of the chunk's index. Returns the (tokens, layer, arm, share) of every layer."""
     out, last = [], None      # last: (tokens, shared) of the window read at the next routing sync
-    for t in chunks:
+    for i, t in enumerate(chunks):
         pol.begin_chunk(t)
         for l in range(8):
             arm = pol.begin_layer(l)
@@ -142,7 +142,7 @@ def _drive(pol, chunks, wall, cpu_ms=1.0, gpu_ms=2.0):
             pol.readings(gpu_ms if want.gpu else None, wall(*last) if want.wall else None)
             share = pol.share(arm)
             n_cpu = round(share * 40)
-            pol.end_layer(LayerEnd(l, 40, n_cpu, cpu_ms))
+            pol.end_layer(LayerEnd(l, 40, n_cpu, cpu_ms(i) if callable(cpu_ms) else cpu_ms))
             last = (t, n_cpu > 0)
             out.append((t, l, arm, share))
     return out
@@ -206,3 +206,25 @@ def test_size_class_floor_inverts_size_class():
     for t in range(2, 5000):       # (class 1 is empty: 1 token is class 0)
         c = size_class(t)
         assert size_class_floor(c) <= t < size_class_floor(c + 1)
+
+
+def test_the_floor_veto_holds_share_arms_while_the_cpu_cannot_keep_up():
+    """Ours: while the meter's balance g / (c + g) lies under its floor (0.05), the gate's share arms run unshared
+    but one in PROBE, which samples the meter; once the CPU keeps up again the gate's arms share as before.
+    Windows here say sharing wins (the gate alone would share every layer): the veto holds it anyway."""
+    from strata.policy.gate import PROBE
+
+    def wall(t, shared):
+        return 9.0 if shared else 10.0
+
+    slow, fast = GatedShare(), GatedShare()
+    # c = 30 ms / n_cpu >> 19 g for 40 chunks, then the CPU catches up (c = 0.2 / n_cpu)
+    got_slow = _drive(slow, [600] * 120, wall, cpu_ms=lambda i: 30.0 if i < 40 else 0.2, gpu_ms=2.0)
+    got_fast = _drive(fast, [600] * 40, wall, cpu_ms=1.0, gpu_ms=2.0)
+    assert not fast.meter.below_floor
+    shared = [arm for _, _, arm, _ in got_slow[40:320]]                  # chunks 5..39: the veto holds
+    assert 0 < sum(shared) <= len(shared) // PROBE + 1, sum(shared)       # the 1-in-PROBE arms sample the meter
+    assert sum(arm for _, _, arm, _ in got_fast[40:]) > 0.9 * len(got_fast[40:])
+    # the CPU caught up: the next samples lift the balance over the floor and the gate's arms share again
+    assert not slow.meter.below_floor
+    assert sum(arm for _, _, arm, _ in got_slow[-160:]) > 0.9 * 160

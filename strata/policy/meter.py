@@ -41,6 +41,13 @@ class ShareMeter:
         self.share = start
         self.c_avg: float | None = None  # ms per CPU expert
         self.g_avg: float | None = None  # ms per GPU-streamed expert
+        self.balance: float | None = None  # g / (c + g) before the clamp: where both sides would end together
+
+    @property
+    def below_floor(self) -> bool:
+        """The balance lies under SHARE_MIN (ours): at the floor's share the CPU ends after the GPU would have
+        ended alone (c > 19 g), so the meter's own model says the shared layer is slower."""
+        return self.balance is not None and self.balance < SHARE_MIN
 
     @staticmethod
     def wants_sample(nstream: int, n_cpu: int) -> bool:
@@ -58,5 +65,6 @@ class ShareMeter:
             self.g_avg += self.alpha * (g - self.g_avg)
         total = self.c_avg + self.g_avg
         ratio = self.g_avg / total if total > 0 else SHARE_START
+        self.balance = ratio
         self.share = min(SHARE_MAX, max(SHARE_MIN, ratio))
         return self.share
