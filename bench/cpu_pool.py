@@ -207,11 +207,24 @@ def pool_probe(pool, layers, types, d: int, f: int, experts: int = 32, reps: int
             "seconds": time.perf_counter() - t_start}
 
 
+def merge_probes(probes: list[dict]) -> dict:
+    """One probe of several taken through a run: per t the median µs an expert, the median batch µs (a one-worker
+    pool on the H200 read 515..2,362 µs and a minute later 721..3,142 µs: one probe before the rounds missed the
+    rounds' pool by up to 22%, share_f_w1b_stop20.log); `each` keeps every probe's µs at 1..MAXT tokens."""
+    first = probes[0]
+    us = [statistics.median(p["us_per_expert"][i] for p in probes) for i in range(len(first["us_per_expert"]))]
+    return {**first, "us_per_expert": us, "batch_us": statistics.median(p["batch_us"] for p in probes),
+            "seconds": sum(p["seconds"] for p in probes), "probes": len(probes),
+            "each": [p["us_per_expert"] for p in probes]}
+
+
 def probe_line(p: dict) -> str:
     return (f"pool probe ({p['workers']} workers, {'/'.join(p['types'])} experts, batches of "
             f"{' and '.join(map(str, p['experts']))}, medians of {p['reps']}, {p['seconds']:.1f} s): us an expert at "
             f"1..{len(p['us_per_expert'])} tokens " + " ".join(f"{u:.1f}" for u in p["us_per_expert"])
-            + f"; a batch {p['batch_us']:.0f} us")
+            + f"; a batch {p['batch_us']:.0f} us"
+            + (f" (medians of {p['probes']} probes through the run; at {MAXT} tokens "
+               f"{min(e[-1] for e in p['each']):.0f}..{max(e[-1] for e in p['each']):.0f} us)" if p.get("probes") else ""))
 
 
 def model_file(a) -> str:

@@ -3,9 +3,10 @@ fixed shares / auto at several prompt lengths, medians, the share chosen, expert
 then a losing configuration (the pool cut to one worker) to show the gate caps the loss. STRATA_DBG_LINK_GBPS=x
 runs it on an emulated slower PCIe (the copy stream held to x GB/s), the simulator column likewise. The rounds
 measure the steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
-exploration, are printed beside off before them. Before them each configuration's pool is probed on the model's
-experts (bench/cpu_pool.py pool_probe: µs an expert at 1..8 tokens, a batch's fixed µs; the lent machines' pools
-differ from lease to lease), stored as its "pool_probe" and used by the simulator column (bench/share_sim.py).
+exploration, are printed beside off before them. Before them and after each round each configuration's pool is
+probed on the model's experts (bench/cpu_pool.py pool_probe: µs an expert at 1..8 tokens, a batch's fixed µs; the
+lent machines' pools differ from lease to lease and drift within one); the probes' medians (merge_probes) are its
+"pool_probe", which the simulator column uses (bench/share_sim.py).
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
                           [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--probe-reps 5] [--json out.json]
@@ -57,7 +58,7 @@ def main():
     from strata.accel.memplan import budget_holding
     from strata.policy import Share, ShareMode, size_class_floor
 
-    from cpu_pool import pool_probe, probe_line
+    from cpu_pool import merge_probes, pool_probe, probe_line
 
     log = lambda s: print(s, file=sys.stderr)
 
@@ -93,11 +94,16 @@ def main():
             for L in lengths:
                 eng.reset()
                 eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
-        probe = None
-        if a.probe_reps > 0:   # this lease's pool on the arena's blobs (no loan refill in flight), for the simulator
-            settle(eng)
-            probe = pool_probe(pool, arena.layers, arena.types, c.n_embd, c.n_ff_exp, reps=a.probe_reps)
-            print(f"\n{label}: {probe_line(probe)}")
+        probes = []
+
+        def probe_pool():      # this lease's pool on the arena's blobs (no loan refill in flight), for the simulator
+            if a.probe_reps > 0:
+                settle(eng)
+                probes.append(pool_probe(pool, arena.layers, arena.types, c.n_embd, c.n_ff_exp, reps=a.probe_reps))
+
+        probe_pool()
+        if probes:
+            print(f"\n{label}: {probe_line(probes[0])}")
         # auto's first prompts, from a fresh meter and gate (its exploration, SPEC §6), beside off; then the
         # rounds measure the steady state: the gate's state persists across requests (SPEC §6)
         pols = {name: eng.use_share(sh) for name, sh in settings}
@@ -140,6 +146,10 @@ def main():
                     eng.on_routing = None
                     cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
                     streamed[L][name].append((eng.stats.streamed_bytes - b0) / 1e6)
+            probe_pool()                      # the pool's speed drifts through a run: one probe after each round
+        probe = merge_probes(probes) if probes else None
+        if probe is not None:
+            print(f"{label}: {probe_line(probe)}")
         link = f", link held to {cfg.dbg_link_gbps:g} GB/s (STRATA_DBG_LINK_GBPS)" if cfg.dbg_link_gbps else ""
         print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers{link}, "
               f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")

@@ -122,3 +122,18 @@ def test_share_sim_names_the_probe_in_its_header():
     assert probe_note(None) == ""
     p = {"types": list(FLASH), "us_per_expert": [40.2, 50, 60, 70, 80, 90, 100, 118.6], "batch_us": 31.0}
     assert probe_note(p) == ", pool probed: IQ2_XS/IQ2_XS/IQ4_NL 40..119 us an expert at 1..8 tokens + 31 us a batch"
+
+
+def test_probes_through_a_run_merge_by_their_medians():
+    """bench/cpu_share.py probes before the rounds and after each (the pool drifts): per t the median µs, the
+    median batch µs, every probe kept; the simulator reads the merged probe like a single one."""
+    from cpu_pool import merge_probes
+
+    base = {"workers": 1, "types": list(FLASH), "experts": [32, 8], "reps": 5, "seconds": 3.0}
+    probes = [{**base, "us_per_expert": [k * (t + 1) for t in range(8)], "batch_us": b}
+              for k, b in ((500.0, 100.0), (700.0, 0.0), (600.0, 40.0))]
+    m = merge_probes(probes)
+    assert m["us_per_expert"] == [600.0 * (t + 1) for t in range(8)] and m["batch_us"] == 40.0
+    assert m["probes"] == 3 and m["each"][1] == probes[1]["us_per_expert"] and m["seconds"] == 9.0
+    p = PoolProbe.from_json(m)
+    assert p.us_per_expert[0] == 600.0 and p.workers == 1
