@@ -56,9 +56,11 @@ EMULATED_COPY_US = 7.0
 # ahead of a group: prefill_timeline_stop18.log, 250 tokens, 29.8 ms of 118 idle with the host late, ~22 ms inside
 # the MoE blocks over 280 groups; 50 us a group fitted by a scan of 30/50/80/110 over every stored run's cells,
 # share_sim_checks_stop19.log); "stop19": share_f_losing_stop19's, routed-only groups of 16 in 32 slots (64 since
-# stop 19's routed_ring_ab_stop19.log); None: today's
-ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0),
-           "stop19": dict(routed_slots=32)}
+# stop 19's routed_ring_ab_stop19.log); "stop20": share_f_losing_stop20's (cc5f0ed); none of them had auto's floor
+# veto (67e7045); None: today's
+ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False),
+           "stop19": dict(routed_slots=32, veto=False),
+           "stop20": dict(veto=False)}
 
 
 @contextlib.contextmanager
@@ -147,7 +149,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
                           routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
                           plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
                 if session is None or n != "auto":   # one engine ran every setting: one walk choice state
-                    session = Session(share_policy(run.share, run.gated), waste=waste)
+                    session = Session(share_policy(run.share, run.gated, veto=run.veto), waste=waste)
                 out[(L, n)] = prefill(run, session).prompt_ms
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
@@ -245,7 +247,7 @@ def main():
     ap.add_argument("--routed-group", type=int, help="the run's routed-only launch group (8 before b1162ae, stop 18; "
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
-                    "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's)")
+                    "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool by the catalogue's model even where the "
                     "JSON holds the run's pool_probe")
     a = ap.parse_args()

@@ -52,6 +52,7 @@ class Run:
     cfg: Config = Config()
     qualifies: bool = True  # CUDA, one GPU, no batch slots: an unset share means auto (SPEC §4)
     gated: bool = True  # False: auto as before the gate (#1282), for studies
+    veto: bool = True  # False: auto as before the floor veto (67e7045): stored runs of older engines
     cache_slots: int | None = None  # --expert-cache N; None: sized from free VRAM
     ctx: int = 8192  # context the KV cache is planned for
     prior: int = 0  # tokens already in the KV cache (a follow-up message)
@@ -137,7 +138,7 @@ def prefill(run: Run, session: Session | None = None) -> Result:
     tl = Timeline(run.timeline)
     costs = run.costs or Costs(run.machine, run.model, run.calib, run.probe)
     share = run.share
-    session = session or Session(share_policy(share, run.gated))
+    session = session or Session(share_policy(share, run.gated, veto=run.veto))
     vp = plan_vram(run.machine, run.model, run.cfg, run.ctx, run.cache_slots)
     m = run.model
     routing = run.routing or ZipfRouting(m.n_layer, m.n_expert, m.k, seed=run.seed)

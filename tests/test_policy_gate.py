@@ -228,3 +228,17 @@ def test_the_floor_veto_holds_share_arms_while_the_cpu_cannot_keep_up():
     # the CPU caught up: the next samples lift the balance over the floor and the gate's arms share again
     assert not slow.meter.below_floor
     assert sum(arm for _, _, arm, _ in got_slow[-160:]) > 0.9 * 160
+
+
+def test_without_the_veto_the_gate_alone_decides():
+    """share_policy(veto=False) is auto before the floor veto (stored runs of older engines replay with it): the
+    same slow CPU, and the gate's verdict (sharing wins in these windows) shares every layer."""
+    from strata.policy import Share, ShareMode, share_policy
+
+    def wall(t, shared):
+        return 9.0 if shared else 10.0
+
+    old = share_policy(Share(ShareMode.AUTO), veto=False)
+    got = _drive(old, [600] * 40, wall, cpu_ms=30.0, gpu_ms=2.0)
+    assert old.current.meter.below_floor
+    assert sum(arm for _, _, arm, _ in got[40:]) > 0.9 * len(got[40:])

@@ -53,14 +53,15 @@ class GatedShare(MeteredShare):
 
     kind = ShareKind.AUTO_ONE
 
-    def __init__(self, meter: ShareMeter | None = None, gate: CpuGate | None = None):
+    def __init__(self, meter: ShareMeter | None = None, gate: CpuGate | None = None, veto: bool = True):
         super().__init__(meter)
         self.gate = gate or CpuGate()
+        self.veto = veto         # False: the gate alone (the engine before 67e7045, SPEC §6 as written)
         self.vetoed = 0          # share arms the floor veto held back
 
     def begin_layer(self, layer: int) -> bool:
         arm = self.gate.begin_layer(layer)
-        if arm and self.meter.below_floor:
+        if arm and self.veto and self.meter.below_floor:
             self.vetoed += 1
             return self.vetoed % PROBE == 0
         return arm
@@ -109,15 +110,16 @@ class SizedShare(SharePolicy):
 
     kind = ShareKind.AUTO
 
-    def __init__(self):
+    def __init__(self, veto: bool = True):
         self.by_class: dict[int, GatedShare] = {}
-        self.current = GatedShare()             # until the first begin_chunk (a caller that never sizes: one class)
+        self.veto = veto
+        self.current = GatedShare(veto=veto)    # until the first begin_chunk (a caller that never sizes: one class)
         self._owner: GatedShare | None = None   # the class whose windows are pending
 
     def _class(self, c: int) -> GatedShare:
         got = self.by_class.get(c)
         if got is None:
-            got = self.by_class[c] = GatedShare()
+            got = self.by_class[c] = GatedShare(veto=self.veto)
         return got
 
     @property
@@ -156,13 +158,14 @@ class SizedShare(SharePolicy):
         return r
 
 
-def share_policy(share: Share, gated: bool = True, sized: bool = True) -> SharePolicy:
+def share_policy(share: Share, gated: bool = True, sized: bool = True, veto: bool = True) -> SharePolicy:
     """The strategy for a resolved share (``gated=False`` reproduces auto before the gate, ``sized=False``
-    auto with one meter and gate for every size, for studies)."""
+    auto with one meter and gate for every size, ``veto=False`` auto before the floor veto: for studies and for
+    replaying stored runs)."""
     if share.mode is ShareMode.OFF:
         return SHARE_POLICIES.create(ShareKind.OFF)
     if share.mode is ShareMode.FIXED:
         return SHARE_POLICIES.create(ShareKind.FIXED, share.fraction)
     if not gated:
         return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED)
-    return SHARE_POLICIES.create(ShareKind.AUTO if sized else ShareKind.AUTO_ONE)
+    return SHARE_POLICIES.create(ShareKind.AUTO if sized else ShareKind.AUTO_ONE, veto=veto)
