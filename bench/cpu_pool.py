@@ -210,12 +210,13 @@ def pool_probe(pool, layers, types, d: int, f: int, experts: int = 32, reps: int
 def merge_probes(probes: list[dict]) -> dict:
     """One probe of several taken through a run: per t the median µs an expert, the median batch µs (a one-worker
     pool on the H200 read 515..2,362 µs and a minute later 721..3,142 µs: one probe before the rounds missed the
-    rounds' pool by up to 22%, share_f_w1b_stop20.log); `each` keeps every probe's µs at 1..MAXT tokens."""
+    rounds' pool by up to 22%, share_f_w1b_stop20.log); `each` keeps every probe's µs at 1..MAXT tokens and
+    `wall_us` every probe's raw batch medians."""
     first = probes[0]
     us = [statistics.median(p["us_per_expert"][i] for p in probes) for i in range(len(first["us_per_expert"]))]
     return {**first, "us_per_expert": us, "batch_us": statistics.median(p["batch_us"] for p in probes),
             "seconds": sum(p["seconds"] for p in probes), "probes": len(probes),
-            "each": [p["us_per_expert"] for p in probes]}
+            "each": [p["us_per_expert"] for p in probes], "wall_us": [p["wall_us"] for p in probes]}
 
 
 def probe_line(p: dict) -> str:

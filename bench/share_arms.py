@@ -122,17 +122,14 @@ def main():
                 dev.synchronize()
                 cb.after_sync()                  # the chunk's last window, complete now
             got = pol.windows[w0:] if pol else []
-            if pol is not None:
-                readings[name].extend(got)
             return ms, sum(w[2] for w in got), cb.stats["cpu_experts"] - n0
 
-        readings = {n: [] for n in names}
         for L in lengths:                        # warm-up: kernels, Numba, the pool, the meter
             ids = rng.integers(0, c.n_vocab, L).tolist()
             for name in names:
                 one(name, ids)
         res = {L: {n: [] for n in names} for L in lengths}
-        readings = {n: [] for n in names}
+        warm = {n: len(p.windows) for n, p in pols.items() if n != "off"}   # the rounds' readings follow these
         for r in range(a.rounds):
             for L in lengths:
                 ids = rng.integers(0, c.n_vocab, L).tolist()
@@ -150,6 +147,7 @@ def main():
             d_win = statistics.median(s[1] - n[1] for s, n in zip(res[L]["share"], res[L]["no"]))
             print(f"{L:>7} {cells} {med['no'][1]:8.1f} {med['share'][1]:10.1f} "
                   f"{med['share'][2]:5.0f} {d_prompt:+16.1f}ms {d_win:+7.1f}ms")
+        readings = {n: pols[n].windows[w:] for n, w in warm.items()}
         rs, rn = per_expert(readings["share"], True), per_expert(readings["no"], False)
         as_, an = per_expert(readings["alt"], True), per_expert(readings["alt"], False)
         print(f"readings, ms per non-resident expert (all lengths): every layer shared {rs:.4f} / none {rn:.4f} = "

@@ -129,11 +129,12 @@ def test_probes_through_a_run_merge_by_their_medians():
     median batch µs, every probe kept; the simulator reads the merged probe like a single one."""
     from cpu_pool import merge_probes
 
-    base = {"workers": 1, "types": list(FLASH), "experts": [32, 8], "reps": 5, "seconds": 3.0}
+    base = {"workers": 1, "types": list(FLASH), "experts": [32, 8], "reps": 5, "seconds": 3.0, "wall_us": {}}
     probes = [{**base, "us_per_expert": [k * (t + 1) for t in range(8)], "batch_us": b}
               for k, b in ((500.0, 100.0), (700.0, 0.0), (600.0, 40.0))]
     m = merge_probes(probes)
     assert m["us_per_expert"] == [600.0 * (t + 1) for t in range(8)] and m["batch_us"] == 40.0
     assert m["probes"] == 3 and m["each"][1] == probes[1]["us_per_expert"] and m["seconds"] == 9.0
+    assert len(m["wall_us"]) == 3                          # every probe's raw medians, not the first one's alone
     p = PoolProbe.from_json(m)
     assert p.us_per_expert[0] == 600.0 and p.workers == 1

@@ -41,7 +41,14 @@ class ShareMeter:
         self.share = start
         self.c_avg: float | None = None  # ms per CPU expert
         self.g_avg: float | None = None  # ms per GPU-streamed expert
-        self.balance: float | None = None  # g / (c + g) before the clamp: where both sides would end together
+
+    @property
+    def balance(self) -> float | None:
+        """g / (c + g) before the clamp, where both sides would end together (None before the first sample)."""
+        if self.c_avg is None:
+            return None
+        total = self.c_avg + self.g_avg
+        return self.g_avg / total if total > 0 else SHARE_START
 
     @property
     def below_floor(self) -> bool:
@@ -63,8 +70,5 @@ class ShareMeter:
         else:
             self.c_avg += self.alpha * (c - self.c_avg)
             self.g_avg += self.alpha * (g - self.g_avg)
-        total = self.c_avg + self.g_avg
-        ratio = self.g_avg / total if total > 0 else SHARE_START
-        self.balance = ratio
-        self.share = min(SHARE_MAX, max(SHARE_MIN, ratio))
+        self.share = min(SHARE_MAX, max(SHARE_MIN, self.balance))
         return self.share
