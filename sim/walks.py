@@ -162,23 +162,40 @@ class EngineWalks:
             self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())
 
     def _run_issuer(self, queue, copied, consumed, ring: int):
-        """As _entry_issuer, by copy run (Walk._issue_run: neighbouring experts of a layer in neighbouring slots,
-        each run with its host time and a CUDA event, the stream-all walk's copies having no groups); a run ends
-        where the ring wraps and, as the slots free a launch group at a time, after a group's worth of entries."""
-        c, cap = self.costs, max(1, min(self.group, ring // 2))
-        runs: list[list[int]] = []
-        for k, (l, e) in enumerate(queue):
-            if runs and len(runs[-1]) < cap and k % ring and queue[k - 1] == (l, e - 1):
-                runs[-1].append(k)
+        """As _entry_issuer, by copy run as the engine thread issues them (stream.Walk.prefetch, _issue_run): from
+        the first entry not yet issued, neighbouring experts of a layer in neighbouring slots, up to the ring's
+        wrap and the watermark's reach (entry k goes once every entry below k - R was consumed), each run with
+        its host time and a CUDA event. Runs fixed in advance could reach past the watermark into their own
+        group's slots and stall the walk (qwen3-30b-a3b: a ring of 18, groups of 8, share_q_real_stop21)."""
+        c, n = self.costs, len(queue)
+        done = [False] * (n + 1)
+        state = {"mark": 0, "moved": self.env.event()}
+
+        def consumed_at(k):
+            done[k] = True
+            if k == state["mark"]:
+                while done[state["mark"]]:
+                    state["mark"] += 1
+                state["moved"].succeed()
+                state["moved"] = self.env.event()
+
+        for k, ev in enumerate(consumed):
+            if ev.processed:
+                consumed_at(k)
             else:
-                runs.append([k])
-        for run in runs:
-            for k in run:
-                if k >= ring:
-                    yield consumed[k - ring]
+                ev.callbacks.append(lambda _, k=k: consumed_at(k))
+        issued = 0
+        while issued < n:
+            limit = min(n, state["mark"] + ring)
+            if issued >= limit:
+                yield state["moved"]
+                continue
+            k0, (l, e) = issued, queue[issued]
+            k1 = k0 + 1
+            while k1 < limit and k1 % ring and queue[k1] == (l, e + k1 - k0):
+                k1 += 1
             yield from self._host(c.host_copy_us(self.pool.busy, True))
-            self.result.n_streamed += len(run)
-            l, e = queue[run[0]]
-            d = self.link.h2d_run(f"L{l} e{e}" + (f"-e{e + len(run) - 1}" if len(run) > 1 else ""), c.blob(l),
-                                  len(run))
-            d.callbacks.append(lambda _, ks=run: [copied[k].succeed() for k in ks])
+            self.result.n_streamed += k1 - k0
+            d = self.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), c.blob(l), k1 - k0)
+            d.callbacks.append(lambda _, ks=range(k0, k1): [copied[k].succeed() for k in ks])
+            issued = k1

@@ -1,0 +1,63 @@
+"""The simulated stream-all walk issues its copies as the engine thread does (strata/accel/stream.py Walk.prefetch):
+a copy run never reaches past the watermark (entry k goes once every entry below k - R was consumed). Runs fixed in
+advance once reached into the slots of their own launch group and stalled the walk: the qwen3-30b-a3b run of
+stop 21 (a ring of 18, groups of 8) stopped bench/cpu_share.py's simulator column.
+
+Scenario: one layer of 64 experts, none resident (64 queue entries), a ring of 18, groups of 8. Tokens route to
+e0-e7 and to e15, e26: the walk's second group is (e15, e26), whose span (11) fits the ring, while a run of 8 from
+e26 reaches e33, whose slot is e15's.
+"""
+
+import numpy as np
+
+from sim.engine import Run, Session, prefill
+from sim.hardware import machine
+from sim.models import SimModel
+from sim.workload import TraceRouting
+from strata.policy import Config, Walk, share_policy
+from strata.policy.stream import walk_runs
+from strata.synth.presets import ModelShape
+
+SHAPE = ModelShape("qwen3moe", 1, 64, 2, 1, 32, 64, 2, 32, 100)
+CHUNK, RING, GROUP = 1024, 18, 8
+ROUTED = [0, 1, 2, 3, 4, 5, 6, 7, 15, 26]
+
+
+# fmt: off
+class FixedCosts:   # µs; the copies go by run, as the engine issues them (sim/costs.py Costs.by_issue)
+    by_issue = True
+    def blob(self, l): return 1000
+    def dense_us(self, t, ctx): return 100.0
+    def combine_us(self, t): return 10.0
+    def grouped_us(self, l, counts): return 10.0 + 5.0 * len(counts)
+    def host_group_us(self, busy): return 5.0
+    def host_copy_us(self, busy, event): return 8.0
+    def copy_us(self, nbytes, busy): return 40.0
+    def copy_run_us(self, nbytes, count, busy): return 40.0 * count
+    def sync_us(self): return 5.0
+    def group_us(self, t): return 0.0
+    def head_us(self): return 0.0
+# fmt: on
+
+
+class Routing(TraceRouting):   # a trace over all 64 experts, whichever ids it holds
+    def counts(self, layer, start, t):
+        return np.bincount(self.ids[layer, start:start + t].ravel(), minlength=64)
+
+
+def test_the_scenario_has_a_group_a_fixed_run_would_stall():
+    groups = walk_runs(ROUTED, GROUP, RING)
+    assert groups == [ROUTED[:8], [15, 26]]
+    assert 26 + GROUP - 1 - RING >= 15   # a run of a group's worth from e26 needs e15's slot
+
+
+def test_stream_all_walk_with_a_group_spanning_most_of_the_ring_completes():
+    ids = np.array([[ROUTED[i % len(ROUTED)], ROUTED[(i + 1) % len(ROUTED)]] for i in range(CHUNK)])
+    r = Run(machine("h200-host16"), SimModel("tiny", SHAPE), CHUNK, Config(cpu_share=0.0), cache_slots=200_000,
+            routing=Routing(ids[None]), costs=FixedCosts(), residency=((False,) * 64,),
+            plan=(CHUNK, RING, GROUP))
+    res = prefill(r, Session(share_policy(r.share, r.gated)))
+    assert [w for _, _, w in res.chunks] == [Walk.STREAM_ALL]
+    assert res.n_streamed == 64   # every entry, routed or not, went through the ring once
+    # the walk's own work bounds it: 64 copies of 40 µs on one link
+    assert res.prompt_ms * 1e3 >= 64 * 40.0
