@@ -138,16 +138,27 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
 
     out = {}
     waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
+
+    def run_of(n, L):
+        loan, group = lent(n, L)
+        return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
+                   routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
+                   plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
+
+    # the bench's warm-up (every setting at every length) runs before the rounds: the walk choice has measured a
+    # stream-all chunk by then, and a wasteful one sends the rounds' chunks down the routed-only walk (one in
+    # STREAM_ALL_PROBE re-measures). off at every length stands for it.
+    cfgs.setdefault("off", setting_config("off"))
+    for L in lengths:
+        warm = run_of("off", L)
+        prefill(warm, Session(share_policy(warm.share, warm.gated, veto=warm.veto), waste=waste))
     for n in names:
         cfg = cfgs[n]
         session = None
         for _ in range(2 if n == "auto" else 1):
             for L in lengths:
                 # the bench times each prompt with the previous prompt's loan refilled (bench/cpu_share.py)
-                loan, group = lent(n, L)
-                run = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfg,
-                          routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
-                          plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
+                run = run_of(n, L)
                 if session is None or n != "auto":   # one engine ran every setting: one walk choice state
                     session = Session(share_policy(run.share, run.gated, veto=run.veto), waste=waste)
                 out[(L, n)] = prefill(run, session).prompt_ms
