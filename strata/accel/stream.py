@@ -26,7 +26,7 @@ class Ring:
 
     def copy_run(self, s0: int, blobs: np.ndarray, record: bool = True):
         """Copy m consecutive blobs (pinned [m, blob]) into slots s0 .. s0+m-1 once their last readers are
-        done; one transfer when a slot is exactly a blob. Returns the event recorded after the copy (None when
+        done, in one copy call (Device.h2d_rows; pitched where a slot is wider than a blob). Returns the event recorded after the copy (None when
         `record` is off: a later copy's event covers this one, the copy stream being in order)."""
         m, nb = blobs.shape
         for i in range(s0, s0 + m):
@@ -34,13 +34,8 @@ class Ring:
             if used is not None and used is not self._waited:
                 self.dev.copy.wait(used)
                 self._waited = used
-        if nb == self.buf.shape[1]:
-            self.dev.h2d(self.buf[s0:s0 + m].reshape(-1), blobs.reshape(-1), self.dev.copy)
-            self.transfers += 1
-        else:
-            for j in range(m):
-                self.dev.h2d(self.buf[s0 + j, :nb], blobs[j], self.dev.copy)
-            self.transfers += m
+        self.dev.h2d_rows(self.buf, s0, blobs, self.dev.copy)     # one copy call for the run
+        self.transfers += 1
         ev = None
         if record:
             ev = self.dev.event()

@@ -91,6 +91,17 @@ class Device(abc.ABC):
         """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes); with an
         emulated link, the stream is held until n / link_gbps after the copy started."""
 
+    def h2d_rows(self, dst, row: int, src: np.ndarray, stream: Stream) -> None:
+        """Asynchronous copy of pinned `src` ([m, n] bytes, or [n]: one row) into rows row .. row+m-1 of the 2-D
+        device array `dst`, each row's first n bytes (expert blobs into cache or ring slots). This base version
+        copies row by row through `h2d`; a device may issue it without per-row device views (CudaDevice)."""
+        src = src.reshape(-1, src.shape[-1]).view(np.uint8)
+        m, n = src.shape
+        assert 0 <= row and row + m <= dst.shape[0] and n <= dst.shape[1] * dst.itemsize, \
+            f"rows {row}..{row + m - 1} of {n} bytes do not fit {dst.shape} {dst.dtype}"
+        for i in range(m):
+            self.h2d(dst[row + i].view(np.uint8)[:n], src[i], stream)
+
     @abc.abstractmethod
     def d2h(self, dst: np.ndarray, src, stream: Stream) -> None:
         """Asynchronous device -> host copy into pinned `dst`."""

@@ -154,6 +154,25 @@ class CudaDevice(Device):
         if self.link_gbps:
             self._link_hold(stream, src.nbytes / self.link_gbps)
 
+    def h2d_rows(self, dst, row: int, src: np.ndarray, stream: CudaStream) -> None:
+        """Device.h2d_rows by raw pointers: one cudaMemcpyAsync when the rows are whole (m x n contiguous bytes),
+        else one cudaMemcpy2DAsync; no CuPy view of dst, whose slicing cost more host time than the copy's issue
+        (a lent cache slot's refill, a ring run: the engine thread issues hundreds a prompt)."""
+        if self.link_gbps:                      # the emulated link holds the stream per copy (Device.h2d)
+            return super().h2d_rows(dst, row, src, stream)
+        n = src.shape[-1] * src.itemsize
+        m = src.size * src.itemsize // n if n else 0
+        pitch = dst.strides[0]
+        assert src.flags.c_contiguous, "async copies need a contiguous source"
+        assert 0 <= row and row + m <= dst.shape[0] and n <= pitch and dst.flags.c_contiguous, \
+            f"rows {row}..{row + m - 1} of {n} bytes do not fit {dst.shape} {dst.dtype}"
+        rt = self.cp.cuda.runtime
+        base = dst.data.ptr + row * pitch
+        if n == pitch or m == 1:
+            rt.memcpyAsync(base, src.ctypes.data, m * n, rt.memcpyHostToDevice, stream.s.ptr)
+        else:
+            rt.memcpy2DAsync(base, pitch, src.ctypes.data, n, n, m, rt.memcpyHostToDevice, stream.s.ptr)
+
     # --- the emulated link (Device.emulate_link): a one-thread kernel stamps %globaltimer on the stream before the
     # copy, another spins after it until the stamp + n / GB/s (one SM's single block, for that long)
     def emulate_link(self, gbps: float | None) -> None:
