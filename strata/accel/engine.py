@@ -270,8 +270,7 @@ class GpuEngine:
         self._ring, self._walk = ring, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
-            self._walk = Walk(ring, self.arena, queue)
-            self._walk.prefetch()                  # layer 0's experts stream during the embedding and attention
+            self._walk = Walk(ring, self.arena, queue)     # its first copies go after the embedding's (_step)
             self._unrouted = 0
             self._layer_entries = {}
             for kq, (l, _) in enumerate(queue):
@@ -306,6 +305,11 @@ class GpuEngine:
         with self.dev.on(self.dev.compute):
             self.ops.begin(bufs, self.pos, T)
             x = self.ops.embed("token_embd.weight", tokens)                       # [T, D]
+            if self._walk is not None:
+                # stream-all: layer 0's experts stream during the embedding and attention. After the embedding's
+                # upload: H2D copies share the copy engine in issue order, and the rows queued behind a ring of
+                # experts held layer 0's MoE block back by the ring's transfer time (prefill_timeline_stop19.log)
+                self._walk.prefetch()
             pos = np.arange(self.pos, self.pos + T)
             for layer in range(self.cfg.n_layer):
                 x = self.model.forward_block(self.ops, x, layer, pos)             # [T, D]
