@@ -57,10 +57,13 @@ EMULATED_COPY_US = 7.0
 # the MoE blocks over 280 groups; 50 us a group fitted by a scan of 30/50/80/110 over every stored run's cells,
 # share_sim_checks_stop19.log); "stop19": share_f_losing_stop19's, routed-only groups of 16 in 32 slots (64 since
 # stop 19's routed_ring_ab_stop19.log); "stop20": share_f_losing_stop20's (cc5f0ed); none of them had auto's floor
-# veto (67e7045); None: today's
-ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False),
-           "stop19": dict(routed_slots=32, veto=False),
-           "stop20": dict(veto=False)}
+# veto (67e7045); "stop21": the runs of stop 21 (5b306f6) and of stop 20 after the veto; every one of them issued a
+# stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log); None: today's
+ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
+                         embed_behind_prefetch=True),
+           "stop19": dict(routed_slots=32, veto=False, embed_behind_prefetch=True),
+           "stop20": dict(veto=False, embed_behind_prefetch=True),
+           "stop21": dict(embed_behind_prefetch=True)}
 
 
 @contextlib.contextmanager

@@ -81,6 +81,8 @@ class Run:
     host_embed: bool = False
     event_per_copy: bool = False
     link_gap_us: float = 0.0  # before b1162ae: the copy stream idle ahead of each routed-only group's copies
+    embed_behind_prefetch: bool = False  # before a7c891c (stop 21): a stream-all chunk's first copies went before
+    #                                      the embedding's upload, which queued behind them on the copy engine
 
     @property
     def share(self) -> Share:

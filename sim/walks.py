@@ -104,19 +104,32 @@ class EngineWalks:
     def _engine_stream_all_chunk(self, start: int, t: int, ring: int):
         """Stream-all: every non-resident expert of every layer queued at chunk start, entry k in slot k mod R;
         per layer the routed entries in groups of at most the scratch and half the ring, the unrouted ones
-        released as the walk passes them."""
+        released as the walk passes them. With the host timed by what it issues (Costs.by_issue), the engine
+        thread issues the copies at its own points (HostIssue), else an issuer process does."""
         queue = stream_all_queue(self.resident[: self.n_layer])
         copied = [self.env.event() for _ in queue]
         consumed = [self.env.event() for _ in queue]
-        self.env.process(self._entry_issuer(queue, copied, consumed, ring))
-        yield from self._embed(t)   # layer 0's experts stream during the embedding (GpuEngine._prompt_chunk)
+        iss = HostIssue(self, queue, copied, consumed, ring) if self.costs.by_issue else None
+        if iss is None:
+            self.env.process(self._entry_issuer(queue, copied, consumed, ring))
+            yield from self._embed(t)
+        elif self.run.embed_behind_prefetch:   # the rows' upload (a few MB) waited behind the ring's first copies
+            yield from iss.prefetch()
+            rows = self.link.h2d("embedding rows", t * self.run.model.shape.n_embd)   # ~a byte a weight, stored
+            self.gpu.op("embedding rows", 0.0, waits=[rows])
+            yield from self._embed(t)
+        else:                                  # GpuEngine._step: the embedding's upload, then layer 0's experts
+            yield from self._embed(t)
+            yield from iss.prefetch()
         by_layer: dict[int, list[int]] = {}
         for k, (l, _) in enumerate(queue):
             by_layer.setdefault(l, []).append(k)
 
-        def release(ks):   # slots freed once the compute stream gets here
+        def release(ks):   # slots freed once the compute stream gets here; the host's watermark moves now
             if ks:
                 self.gpu.mark().callbacks.append(lambda _, ks=ks: [consumed[k].succeed() for k in ks])
+                if iss is not None:
+                    iss.consume(ks)
 
         unrouted = 0
         for l in range(self.n_layer):
@@ -137,10 +150,17 @@ class EngineWalks:
                     g = sg[i]   # the unrouted entries the walk passed up to its last (_stream_all_groups)
                     release([k for k in entries[passed:pos[g[-1]]] if cnt[queue[k][1]] == 0])
                     passed = pos[g[-1]] + 1
+                    if iss is not None:
+                        yield from iss.ensure(g[-1])
                     d = self._group_op(l, [queue[k][1] for k in g], cnt, waits=[copied[g[-1]]])
                     d.callbacks.append(lambda _, ks=g: [consumed[k].succeed() for k in ks])
+                    if iss is not None:
+                        iss.consume(g)             # on_released: the group's reads are enqueued
+                        yield from iss.prefetch()
                 else:
                     release(entries[passed:])
+                    if iss is not None:            # the next layer's experts go out before its routing sync
+                        yield from iss.prefetch()
             self.gpu.op(f"L{l} combine", self.costs.combine_us(t), category="combine")
         if self.waste is not None:   # GpuEngine._note_waste: the chunk's unrouted share of its queue
             self.waste.note(len(queue), unrouted)
@@ -149,9 +169,6 @@ class EngineWalks:
         """The stream-all copies: entry k is issued once entry k - ring was consumed, one copy a blob (the engine
         thread issues them between its launches since stop 19, an issuer thread before)."""
         c, res = self.costs, self.result
-        if c.by_issue:
-            yield from self._run_issuer(queue, copied, consumed, ring)
-            return
         for k, (l, e) in enumerate(queue):
             if k >= ring:
                 yield consumed[k - ring]
@@ -161,41 +178,54 @@ class EngineWalks:
             res.n_streamed += 1
             self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())
 
-    def _run_issuer(self, queue, copied, consumed, ring: int):
-        """As _entry_issuer, by copy run as the engine thread issues them (stream.Walk.prefetch, _issue_run): from
-        the first entry not yet issued, neighbouring experts of a layer in neighbouring slots, up to the ring's
-        wrap and the watermark's reach (entry k goes once every entry below k - R was consumed), each run with
-        its host time and a CUDA event. Runs fixed in advance could reach past the watermark into their own
-        group's slots and stall the walk (qwen3-30b-a3b: a ring of 18, groups of 8, share_q_real_stop21)."""
-        c, n = self.costs, len(queue)
-        done = [False] * (n + 1)
-        state = {"mark": 0, "moved": self.env.event()}
 
-        def consumed_at(k):
-            done[k] = True
-            if k == state["mark"]:
-                while done[state["mark"]]:
-                    state["mark"] += 1
-                state["moved"].succeed()
-                state["moved"] = self.env.event()
+class HostIssue:
+    """The stream-all walk's copies as the engine thread issues them (strata/accel/stream.py Walk.prefetch,
+    ensure_issued, _issue_run) at its own points: the chunk's start, after each streamed group, a layer's end. Each
+    point issues every entry below the host's watermark + R (entry k needs the entries below k - R consumed, the
+    host consuming a group when its reads are enqueued) in runs of neighbouring experts in neighbouring slots; a
+    run's copy waits on the copy stream until the GPU has read its slots' previous entries. The link idles where
+    the host is held in a routing sync with the ring's slots free (prefill_timeline_stop19.log: 4.5 ms
+    host-late and 5.3 ms slot-wait in flash-shape's 2,048-token stream-all prompt)."""
 
-        for k, ev in enumerate(consumed):
-            if ev.processed:
-                consumed_at(k)
-            else:
-                ev.callbacks.append(lambda _, k=k: consumed_at(k))
-        issued = 0
-        while issued < n:
-            limit = min(n, state["mark"] + ring)
-            if issued >= limit:
-                yield state["moved"]
-                continue
-            k0, (l, e) = issued, queue[issued]
-            k1 = k0 + 1
-            while k1 < limit and k1 % ring and queue[k1] == (l, e + k1 - k0):
-                k1 += 1
-            yield from self._host(c.host_copy_us(self.pool.busy, True))
-            self.result.n_streamed += k1 - k0
-            d = self.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), c.blob(l), k1 - k0)
-            d.callbacks.append(lambda _, ks=range(k0, k1): [copied[k].succeed() for k in ks])
-            issued = k1
+    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int):
+        self.w, self.queue, self.copied, self.consumed, self.R = walks, queue, copied, consumed, ring
+        self.issued = 0                           # entries [0, issued) have their copy enqueued
+        self.mark = 0                             # the host's watermark: entries [0, mark) are all consumed
+        self._done = [False] * (len(queue) + 1)
+
+    def consume(self, ks) -> None:
+        for k in ks:
+            self._done[k] = True
+        while self._done[self.mark]:
+            self.mark += 1
+
+    def _limit(self) -> int:
+        return min(len(self.queue), self.mark + self.R)
+
+    def _run(self, limit: int):
+        q, R, w = self.queue, self.R, self.w
+        k0, (l, e) = self.issued, q[self.issued]
+        k1 = k0 + 1
+        while k1 < limit and k1 % R and q[k1] == (l, e + k1 - k0):
+            k1 += 1
+        yield from w._host(w.costs.host_copy_us(w.pool.busy, True))
+        w.result.n_streamed += k1 - k0
+        waits = [self.consumed[k - R] for k in range(k0, k1) if k >= R]
+        d = w.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), w.costs.blob(l), k1 - k0,
+                           waits=waits)
+        d.callbacks.append(lambda _, ks=range(k0, k1): [self.copied[k].succeed() for k in ks])
+        self.issued = k1
+
+    def prefetch(self):
+        """Issue every entry whose slot the host may reuse now."""
+        limit = self._limit()
+        while self.issued < limit:
+            yield from self._run(limit)
+
+    def ensure(self, k: int):
+        """Issue up to entry k (a group's last, before its launch)."""
+        while self.issued <= k:
+            limit = self._limit()
+            assert self.issued < limit, f"stream-all: entry {k} beyond the ring's reach ({limit})"
+            yield from self._run(limit)
