@@ -128,9 +128,11 @@ class Costs:
                 self._body[key] = max(self._bw_us(blob), self._mm_us(flops))
         return self._body[key]
 
-    def rows_us(self, layer: int) -> float:
-        """expert_rows: one expert of at most FEW_ROWS rows straight from its blob (one 8-row tile)."""
-        return self._blob[layer] / (self.machine.gpu.mem_gbps * 1e3 * self.calib.gpu_rows_bw_eff)
+    def rows_us(self, layer: int, rows: int = 1) -> float:
+        """expert_rows: `rows` rows of experts of at most FEW_ROWS rows, straight from their blobs. The kernel
+        decodes the blob for each row (bench/results/h200/prefill_ops_*_stop21.log: its time follows the rows,
+        2.6-3.9 us a row, not the experts, 7.7-16.6 us an expert of flash-shape between 250 and 2,048 tokens)."""
+        return rows * self._blob[layer] / (self.machine.gpu.mem_gbps * 1e3 * self.calib.gpu_rows_bw_eff)
 
     def dequant_us(self, layer: int) -> float:
         """dequant: one expert's blob read and its fp16 copy (2 bytes a weight) written to the weight scratch."""
@@ -158,8 +160,8 @@ class Costs:
         many = len(counts) - few
         mats = self._mats[layer]
         launches = 1 + (mats if few else 0) + (mats + 2 if many else 0)   # swiglu; expert_rows; dequant, 2 GEMMs
-        body = few * self.rows_us(layer) + sum(self.dequant_us(layer) + self.gemm_us(layer, n)
-                                               for n in counts if n > FEW_ROWS)
+        body = self.rows_us(layer, sum(n for n in counts if n <= FEW_ROWS)) + sum(
+            self.dequant_us(layer) + self.gemm_us(layer, n) for n in counts if n > FEW_ROWS)
         F = self.model.shape.n_ff_exp
         swiglu = self._bw_us(sum(counts) * F * (2 * 4 + 2))   # GU fp32 [rows, 2F] in, H fp16 [rows, F] out
         return launches * cal.gpu_group_launch_us + body + swiglu

@@ -64,8 +64,9 @@ def test_compute_order():
 
 
 def test_a_groups_cost_written_out():
-    """qwen3-30b-a3b (Q4_K experts: gate|up one matrix), rows 1, 8 | 9, 64, 65: two experts by expert_rows, three
-    dequantised, GEMM tiles 1 + 1 + 2; launches: swiglu, expert_rows x2, dequant x2, gemm_grouped x2."""
+    """qwen3-30b-a3b (Q4_K experts: gate|up one matrix), rows 1, 8 | 9, 64, 65: two experts by expert_rows (9 rows,
+    each decoding its blob), three dequantised, GEMM tiles 1 + 1 + 2; launches: swiglu, expert_rows x2, dequant x2,
+    gemm_grouped x2."""
     c, g = Costs(H200, sim_model("qwen3-30b-a3b")), H200.gpu
     full = c.calib
     W = 3 * 2048 * 768                              # weights an expert
@@ -74,35 +75,40 @@ def test_a_groups_cost_written_out():
     bw = g.mem_gbps * 1e3
     rows = blob / (bw * full.gpu_rows_bw_eff)
     deq = (blob + 2 * W) / (bw * full.gpu_dequant_bw_eff)
-    tile = max(2 * 64 * W / (g.fp16_tflops * 1e6 * full.gpu_gemm_eff), 2 * W / (bw * full.gpu_gemm_bw_eff))
+    tile = 2 * 64 * W / (g.fp16_tflops * 1e6 * full.gpu_gemm_eff)      # one 64-row tile's multiply-adds
+    floor = 2 * W / (bw * full.gpu_gemm_bw_eff)                          # the expert's fp16 weights read once
+    gemm = max(tile, floor) + max(tile, floor) + max(2 * tile, floor)    # 9 | 64 | 65 rows: 1, 1, 2 tiles
     swiglu = (1 + 8 + 9 + 64 + 65) * 768 * 10 / (bw * full.gpu_bw_eff)
-    want = 7 * full.gpu_group_launch_us + 2 * rows + 3 * deq + 4 * tile + swiglu
+    want = 7 * full.gpu_group_launch_us + 9 * rows + 3 * deq + gemm + swiglu
     assert c.grouped_us(0, [1, 8, 9, 64, 65]) == pytest.approx(want, rel=1e-12)
-    assert c.gemm_us(0, 65) == pytest.approx(max(2 * tile, 2 * W / (bw * full.gpu_gemm_bw_eff)))
+    assert c.gemm_us(0, 65) == pytest.approx(max(2 * tile, floor))
     mixed = sim_model("flash-shape")                # IQ2_XS gate|up, IQ4_NL down: still one gate|up matrix
     assert Costs(H200, mixed).grouped_us(0, [1]) == pytest.approx(
         3 * full.gpu_group_launch_us + Costs(H200, mixed).rows_us(0) + 10 * 640 / (bw * full.gpu_bw_eff))
 
 
-# GPU ms of the expert ops (gemm_grouped + dequant + expert_rows + swiglu) of one all-resident prompt; the timed
-# window held two prompts, so the logs' figures are halved here.   band: +-10% (the fit is within 5%)
+# GPU ms of the expert ops (gemm_grouped + dequant + expert_rows + swiglu) of one all-resident prompt, the engine
+# of stop 21 (bench/results/h200/prefill_ops_q8_stop21.log, prefill_ops_f8_stop21.log; one prompt timed, random
+# tokens). band: +-12% (the fit's largest prompt is qwen3 at 250 tokens, +10%: its expert_rows read +20%)
 OP_LOGS = {
-    ("qwen3-30b-a3b", "share_q_real_stop15", 900): (13.23 + 4.75 + 2.52 + 0.60) / 2,   # prefill_ops_q8_stop16.log
-    ("qwen3-30b-a3b", "share_q_real_stop15", 2048): (26.24 + 5.40 + 2.30 + 1.06) / 2,  # ...
-    ("qwen3-30b-a3b", "share_q_real_stop15", 250): (4.34 + 2.66 + 3.43 + 0.23) / 2,    # prefill_groups_ops_stop15.log
-    ("flash-shape", "share_f_real_stop15", 250): (10.75 + 10.32 + 36.95 + 0.96) / 2,   # ...
+    ("qwen3-30b-a3b", "share_q_real_stop21", 250): 1.25 + 1.34 + 1.72 + 0.10,
+    ("qwen3-30b-a3b", "share_q_real_stop21", 1000): 4.04 + 2.34 + 1.27 + 0.28,
+    ("qwen3-30b-a3b", "share_q_real_stop21", 2048): 7.56 + 2.61 + 1.17 + 0.49,
+    ("flash-shape", "share_f_full_stop21", 250): 3.81 + 5.04 + 18.50 + 0.40,
+    ("flash-shape", "share_f_full_stop21", 1000): 11.80 + 15.49 + 21.47 + 0.94,
+    ("flash-shape", "share_f_full_stop21", 2048): 20.57 + 24.73 + 15.86 + 1.50,
 }
 
 
 @pytest.mark.parametrize("preset, trace, tokens", list(OP_LOGS))
 def test_expert_ops_of_an_all_resident_prompt(preset, trace, tokens):
-    """Each layer's routed experts, from the routing the engine saw on a text prompt (the op logs' prompts were
-    random tokens: their call counts agree within 10%), in the resident engine's groups (one chunk, 16-expert
-    scratch, memplan's plan when every expert fits)."""
+    """Each layer's routed experts, from the routing of that stop's cpu_share runs (the first `tokens` of its
+    2,048-token random prompt; the op logs' prompts were other random tokens), in the resident engine's groups
+    (one chunk, 16-expert scratch, memplan's plan when every expert fits)."""
     m, routing = sim_model(preset), TraceRouting.load(f"{RESULTS}/{trace}_routing.npz")
     c = Costs(H200, m)
     ms = 0.0
     for l in range(m.n_layer):
         rows = [int(n) for n in routing.counts(l, 0, tokens) if n > 0]
         ms += sum(c.grouped_us(l, [rows[i] for i in g]) for g in walks.resident_groups(rows, 16)) / 1e3
-    assert ms == pytest.approx(OP_LOGS[(preset, trace, tokens)], rel=0.10)
+    assert ms == pytest.approx(OP_LOGS[(preset, trace, tokens)], rel=0.12)
