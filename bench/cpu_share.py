@@ -32,6 +32,18 @@ def spread_line(res: dict, lengths, names) -> str:
         for L in lengths)
 
 
+def paired(res: dict, L: int, name: str) -> float:
+    """A setting's cost against off measured side by side: the median over rounds of its prompt time over the
+    same round's off (they run back to back, so a host that drifts between rounds moves both; stop 21's one-worker
+    pool flipped between two speeds, and the medians of the columns compared different rounds)."""
+    return statistics.median(x / o for x, o in zip(res[L][name], res[L]["off"])) - 1
+
+
+def paired_line(res: dict, lengths, names) -> str:
+    return "side by side (median over rounds of each prompt over its round's off): " + "; ".join(
+        f"{L}: " + " ".join(f"{n} {100 * paired(res, L, n):+.1f}%" for n in names if n != "off") for L in lengths)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -161,11 +173,12 @@ def main():
             for n, _ in settings:
                 med = statistics.median(res[L][n])
                 row[n] = {"ms": med, "cpu_experts": statistics.median(cpu[L][n]), "vs_off": med / off - 1,
-                          "streamed_mb": statistics.median(streamed[L][n])}
+                          "vs_off_paired": paired(res, L, n), "streamed_mb": statistics.median(streamed[L][n])}
                 cells.append(f"{med:8.1f} ({100 * (med / off - 1):+5.1f}%)" if n != "off" else f"{med:16.1f}")
             tab[L] = row
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
         print(spread_line(res, lengths, [n for n, _ in settings]))
+        print(paired_line(res, lengths, [n for n, _ in settings]))
         print("streamed MB per prompt (median): " + "; ".join(
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
