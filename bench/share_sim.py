@@ -58,12 +58,14 @@ EMULATED_COPY_US = 7.0
 # share_sim_checks_stop19.log); "stop19": share_f_losing_stop19's, routed-only groups of 16 in 32 slots (64 since
 # stop 19's routed_ring_ab_stop19.log); "stop20": share_f_losing_stop20's (cc5f0ed); none of them had auto's floor
 # veto (67e7045); "stop21": the runs of stop 21 (5b306f6) and of stop 20 after the veto; every one of them issued a
-# stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log); None: today's
+# stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
+# prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
+OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
 ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
-                         embed_behind_prefetch=True),
-           "stop19": dict(routed_slots=32, veto=False, embed_behind_prefetch=True),
-           "stop20": dict(veto=False, embed_behind_prefetch=True),
-           "stop21": dict(embed_behind_prefetch=True)}
+                         **OLD_COPIES),
+           "stop19": dict(routed_slots=32, veto=False, **OLD_COPIES),
+           "stop20": dict(veto=False, **OLD_COPIES),
+           "stop21": dict(OLD_COPIES)}
 
 
 @contextlib.contextmanager
@@ -145,7 +147,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     def run_of(n, L):
         loan, group = lent(n, L)
         return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
-                   routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan),
+                   routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan), loan=loan,
                    plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
 
     # the bench's warm-up (every setting at every length) runs before the rounds: the walk choice has measured a

@@ -83,6 +83,10 @@ class Run:
     link_gap_us: float = 0.0  # before b1162ae: the copy stream idle ahead of each routed-only group's copies
     embed_behind_prefetch: bool = False  # before a7c891c (stop 21): a stream-all chunk's first copies went before
     #                                      the embedding's upload, which queued behind them on the copy engine
+    loan: int = 0  # cache slots lent to the prompt (policy.prompt_loan): the engine thread issues their refill at
+    #                its end, inside the prompt's time (Machine.host_refill_us a slot)
+    refill_factor: float = 1.0  # the refill's host time over today's: before d7467e0 (stop 21) a copy through a
+    #                             CuPy view and an event a slot (rows_ab_stop21.log: 1.4-2.2x, 1.85 typical)
 
     @property
     def share(self) -> Share:
@@ -215,6 +219,11 @@ class _Runner(EngineWalks):
             start += t
         self.gpu.op("head", self.costs.head_us())
         yield self.gpu.tail
+        if run.loan:   # GpuEngine._give_back after the logits' readback, which waits for both streams: the host
+            #            issues the refill's copies
+            if self.link.stream.tail is not None and not self.link.stream.tail.processed:
+                yield self.link.stream.tail
+            yield self.env.timeout(run.loan * run.machine.host_refill_us * run.refill_factor)
 
     # --- the parts of a layer both walks share -----------------------------------------------------------
     def _embed(self, t: int):

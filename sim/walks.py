@@ -110,6 +110,8 @@ class EngineWalks:
         copied = [self.env.event() for _ in queue]
         consumed = [self.env.event() for _ in queue]
         iss = HostIssue(self, queue, copied, consumed, ring) if self.costs.by_issue else None
+        if iss is not None:   # GpuEngine._prompt_chunk lays out the queue and its per-layer index in Python first
+            yield from self._host(len(queue) * self.run.machine.host_queue_us)
         if iss is None:
             self.env.process(self._entry_issuer(queue, copied, consumed, ring))
             yield from self._embed(t)

@@ -9,6 +9,7 @@ e26 reaches e33, whose slot is e15's.
 """
 
 import numpy as np
+import pytest
 
 from sim.engine import Run, Session, prefill
 from sim.hardware import machine
@@ -61,3 +62,28 @@ def test_stream_all_walk_with_a_group_spanning_most_of_the_ring_completes():
     assert res.n_streamed == 64   # every entry, routed or not, went through the ring once
     # the walk's own work bounds it: 64 copies of 40 µs on one link
     assert res.prompt_ms * 1e3 >= 64 * 40.0
+
+
+def _prompt(**kw):
+    ids = np.array([[ROUTED[i % len(ROUTED)], ROUTED[(i + 1) % len(ROUTED)]] for i in range(CHUNK)])
+    r = Run(machine("h200-host16"), SimModel("tiny", SHAPE), CHUNK, Config(cpu_share=0.0), cache_slots=200_000,
+            routing=Routing(ids[None]), costs=FixedCosts(), residency=((False,) * 64,), plan=(CHUNK, RING, GROUP),
+            **kw)
+    return prefill(r, Session(share_policy(r.share, r.gated)))
+
+
+def test_the_loans_refill_is_host_time_at_the_prompts_end():
+    """GpuEngine._give_back issues the lent slots' refill after the logits' readback: the prompt ends that much
+    later (Machine.host_refill_us a slot; Run.refill_factor for engines before d7467e0)."""
+    h200 = machine("h200-host16")
+    base = _prompt().prompt_ms
+    assert _prompt(loan=100).prompt_ms - base == pytest.approx(100 * h200.host_refill_us / 1e3)
+    assert _prompt(loan=100, refill_factor=2.0).prompt_ms - base == pytest.approx(200 * h200.host_refill_us / 1e3)
+
+
+def test_the_embeddings_upload_behind_the_first_copies_holds_layer_0_back():
+    """Before a7c891c a stream-all chunk's first prefetch went before the embedding's upload, which queued behind
+    the ring's first copies on the copy engine: the layer's compute starts after them (here 18 copies of 40 us)."""
+    now, before = _prompt(), _prompt(embed_behind_prefetch=True)
+    assert before.prompt_ms > now.prompt_ms
+    assert before.n_streamed == now.n_streamed == 64
