@@ -183,7 +183,7 @@ def main():
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
             from sim.workload import TraceRouting
-            from share_sim import comparison_lines, predict, probe_note
+            from share_sim import comparison_lines, predict, probe_extremes, probe_note, range_line
 
             ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
             if a.json:
@@ -195,6 +195,11 @@ def main():
             print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt{probe_note(probe)}), "
                   f"ms: measured / predicted (error)")
             print("\n".join(comparison_lines(tab, pred, lengths, names)))
+            ends = probe_extremes(probe)
+            if ends:
+                lo, hi = (predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing,
+                                  cfg.dbg_link_gbps, probe=p) for p in ends)
+                print(range_line(tab, pred, lo, hi, lengths, names))
             for L in lengths:
                 for n in names:
                     tab[L][n]["sim_ms"] = pred[(L, n)]

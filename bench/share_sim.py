@@ -181,6 +181,27 @@ def probe_note(probe: dict | None) -> str:
             f"tokens + {probe['batch_us']:.0f} us a batch")
 
 
+def probe_extremes(probe: dict | None) -> tuple[dict, dict] | None:
+    """The run's fastest and slowest single probe (bench/cpu_pool.py merge_probes keeps each one's us an expert) as
+    probes of their own: the pool as it was at its quickest and slowest through the run; None for fewer than two."""
+    each = (probe or {}).get("each") or []
+    if len(each) < 2:
+        return None
+    return tuple({**probe, "us_per_expert": list(min(each, key=sum) if fast else max(each, key=sum))}
+                 for fast in (True, False))
+
+
+def range_line(table: dict, pred: dict, lo: dict, hi: dict, lengths, names, tol: float = 0.15) -> str:
+    """The cells beyond `tol` with the predictions of the run's fastest and slowest probe beside them: a miss inside
+    that range is the pool's drift through the run, which no single price of it follows (stop 21's one-worker
+    pool flipped between two speeds, share_f_w1_stop21.log)."""
+    out = [f"{L} {n}: measured {table[L][n]['ms']:.0f}, predicted {pred[(L, n)]:.0f} "
+           f"[{lo[(L, n)]:.0f}..{hi[(L, n)]:.0f}]" for L in lengths for n in names
+           if abs(pred[(L, n)] / table[L][n]["ms"] - 1) > tol]
+    return (f"beyond {100 * tol:.0f}%, with the run's fastest and slowest pool probe: " + "; ".join(out)) if out \
+        else f"every prompt time within {100 * tol:.0f}%"
+
+
 def comparison_lines(table: dict, pred: dict, lengths, names) -> list[str]:
     lines = [f"{'tokens':>7} " + " ".join(f"{n:>20}" for n in names)]
     for L in lengths:
@@ -293,6 +314,11 @@ def main():
               f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}), ms: measured / predicted "
               f"(error)")
         print("\n".join(comparison_lines(table, pred, lengths, names)))
+        ends = probe_extremes(probe)
+        if ends:
+            lo, hi = (predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
+                              routed_group=a.routed_group, engine=a.engine, probe=p) for p in ends)
+            print(range_line(table, pred, lo, hi, lengths, names))
 
 
 if __name__ == "__main__":

@@ -138,3 +138,23 @@ def test_probes_through_a_run_merge_by_their_medians():
     assert len(m["wall_us"]) == 3                          # every probe's raw medians, not the first one's alone
     p = PoolProbe.from_json(m)
     assert p.us_per_expert[0] == 600.0 and p.workers == 1
+
+
+def test_the_runs_fastest_and_slowest_probe_bound_a_cell():
+    """bench/share_sim.py probe_extremes: the single probes of least and most total µs (a state the pool was in),
+    none without two; range_line names the cells beyond 15% with the range those probes predict."""
+    from share_sim import probe_extremes, range_line
+
+    merged = {"workers": 1, "types": list(FLASH), "us_per_expert": [2.0, 3.0], "batch_us": 5.0,
+              "each": [[2.0, 3.0], [1.0, 2.5], [3.0, 2.0], [2.5, 4.0]]}
+    fast, slow = probe_extremes(merged)
+    assert fast["us_per_expert"] == [1.0, 2.5] and slow["us_per_expert"] == [2.5, 4.0]
+    assert fast["batch_us"] == slow["batch_us"] == 5.0
+    assert probe_extremes({**merged, "each": [[2.0, 3.0]]}) is None and probe_extremes(None) is None
+    table = {250: {"0.3": {"ms": 100.0}, "off": {"ms": 50.0}}}
+    pred, lo, hi = {(250, "0.3"): 80.0, (250, "off"): 52.0}, {(250, "0.3"): 70.0, (250, "off"): 52.0}, \
+        {(250, "0.3"): 110.0, (250, "off"): 52.0}
+    line = range_line(table, pred, lo, hi, [250], ["off", "0.3"])
+    assert line == "beyond 15%, with the run's fastest and slowest pool probe: 250 0.3: measured 100, predicted 80 [70..110]"
+    pred[(250, "0.3")] = 90.0
+    assert range_line(table, pred, lo, hi, [250], ["off", "0.3"]) == "every prompt time within 15%"
