@@ -14,36 +14,32 @@ import pytest
 from sim.engine import Run, Session, prefill
 from sim.hardware import machine
 from sim.models import SimModel
-from sim.workload import TraceRouting
 from strata.policy import Config, Walk, share_policy
 from strata.policy.stream import walk_runs
 from strata.synth.presets import ModelShape
+from tests.test_sim_stream_waste import FixedCosts as WalkCosts
+from tests.test_sim_stream_waste import Routing as AllExperts
 
 SHAPE = ModelShape("qwen3moe", 1, 64, 2, 1, 32, 64, 2, 32, 100)
 CHUNK, RING, GROUP = 1024, 18, 8
 ROUTED = [0, 1, 2, 3, 4, 5, 6, 7, 15, 26]
 
 
-# fmt: off
-class FixedCosts:   # µs; the copies go by run, as the engine issues them (sim/costs.py Costs.by_issue)
+class FixedCosts(WalkCosts):   # µs; the copies go by run, as the engine issues them (sim/costs.py Costs.by_issue)
     by_issue = True
-    def blob(self, l): return 1000
-    def dense_us(self, t, ctx): return 100.0
-    def combine_us(self, t): return 10.0
-    def grouped_us(self, l, counts): return 10.0 + 5.0 * len(counts)
-    def host_group_us(self, busy): return 5.0
-    def host_copy_us(self, busy, event): return 8.0
-    def copy_us(self, nbytes, busy): return 40.0
-    def copy_run_us(self, nbytes, count, busy): return 40.0 * count
-    def sync_us(self): return 5.0
-    def group_us(self, t): return 0.0
-    def head_us(self): return 0.0
-# fmt: on
+
+    def host_group_us(self, busy):
+        return 5.0
+
+    def host_copy_us(self, busy, event):
+        return 8.0
+
+    def copy_run_us(self, nbytes, count, busy):
+        return 40.0 * count
 
 
-class Routing(TraceRouting):   # a trace over all 64 experts, whichever ids it holds
-    def counts(self, layer, start, t):
-        return np.bincount(self.ids[layer, start:start + t].ravel(), minlength=64)
+class Routing(AllExperts):
+    E = 64
 
 
 def test_the_scenario_has_a_group_a_fixed_run_would_stall():

@@ -38,9 +38,11 @@ class FixedCosts:   # µs; only the walk choice matters here
 # fmt: on
 
 
-class Routing(TraceRouting):   # a trace over all 8 experts, whichever ids it holds
+class Routing(TraceRouting):   # a trace over all E experts, whichever ids it holds
+    E = 8
+
     def counts(self, layer, start, t):
-        return np.bincount(self.ids[layer, start:start + t].ravel(), minlength=8)
+        return np.bincount(self.ids[layer, start:start + t].ravel(), minlength=self.E)
 
 
 def routing(tokens: int, skewed: bool) -> Routing:
