@@ -6,7 +6,7 @@ own (policy.resident_runs, policy.walk_runs). The group functions are pure; ``En
 
 from __future__ import annotations
 
-from strata.policy import resident_runs, routed_group, stream_all_queue, walk_runs
+from strata.policy import IssueOrder, resident_runs, routed_group, stream_all_queue, walk_runs
 
 from .costs import FEW_ROWS
 
@@ -110,19 +110,20 @@ class EngineWalks:
         copied = [self.env.event() for _ in queue]
         consumed = [self.env.event() for _ in queue]
         iss = HostIssue(self, queue, copied, consumed, ring) if self.costs.by_issue else None
-        if iss is not None:   # GpuEngine._prompt_chunk lays out the queue and its per-layer index in Python first
-            yield from self._host(len(queue) * self.run.machine.host_queue_us)
         if iss is None:
             self.env.process(self._entry_issuer(queue, copied, consumed, ring))
             yield from self._embed(t)
-        elif self.run.embed_behind_prefetch:   # the rows' upload (a few MB) waited behind the ring's first copies
-            yield from iss.prefetch()
-            rows = self.link.h2d("embedding rows", t * self.run.model.shape.n_embd)   # ~a byte a weight, stored
-            self.gpu.op("embedding rows", 0.0, waits=[rows])
-            yield from self._embed(t)
-        else:                                  # GpuEngine._step: the embedding's upload, then layer 0's experts
-            yield from self._embed(t)
-            yield from iss.prefetch()
+        else:
+            # GpuEngine._prompt_chunk lays out the queue and its per-layer index in Python first
+            yield from self._host(len(queue) * self.run.machine.host_queue_us)
+            if self.run.embed_behind_prefetch:   # the rows' upload (a few MB) waited behind the ring's first copies
+                yield from iss.prefetch()
+                rows = self.link.h2d("embedding rows", t * self.run.model.shape.n_embd)   # ~a byte a weight
+                self.gpu.op("embedding rows", 0.0, waits=[rows])
+                yield from self._embed(t)
+            else:                                # GpuEngine._step: the embedding's upload, then layer 0's experts
+                yield from self._embed(t)
+                yield from iss.prefetch()
         by_layer: dict[int, list[int]] = {}
         for k, (l, _) in enumerate(queue):
             by_layer.setdefault(l, []).append(k)
@@ -131,7 +132,7 @@ class EngineWalks:
             if ks:
                 self.gpu.mark().callbacks.append(lambda _, ks=ks: [consumed[k].succeed() for k in ks])
                 if iss is not None:
-                    iss.consume(ks)
+                    iss.order.consume(ks)
 
         unrouted = 0
         for l in range(self.n_layer):
@@ -157,7 +158,7 @@ class EngineWalks:
                     d = self._group_op(l, [queue[k][1] for k in g], cnt, waits=[copied[g[-1]]])
                     d.callbacks.append(lambda _, ks=g: [consumed[k].succeed() for k in ks])
                     if iss is not None:
-                        iss.consume(g)             # on_released: the group's reads are enqueued
+                        iss.order.consume(g)             # on_released: the group's reads are enqueued
                         yield from iss.prefetch()
                 else:
                     release(entries[passed:])
@@ -182,52 +183,32 @@ class EngineWalks:
 
 
 class HostIssue:
-    """The stream-all walk's copies as the engine thread issues them (strata/accel/stream.py Walk.prefetch,
-    ensure_issued, _issue_run) at its own points: the chunk's start, after each streamed group, a layer's end. Each
-    point issues every entry below the host's watermark + R (entry k needs the entries below k - R consumed, the
-    host consuming a group when its reads are enqueued) in runs of neighbouring experts in neighbouring slots; a
-    run's copy waits on the copy stream until the GPU has read its slots' previous entries. The link idles where
-    the host is held in a routing sync with the ring's slots free (prefill_timeline_stop19.log: 4.5 ms
-    host-late and 5.3 ms slot-wait in flash-shape's 2,048-token stream-all prompt)."""
+    """The stream-all walk's copies as the engine thread issues them (strata/accel/stream.py Walk) at its own
+    points: the chunk's start, after each streamed group, a layer's end; each in the runs of policy.IssueOrder
+    (the host consuming a group when its reads are enqueued). A run's copy waits on the copy stream until the GPU
+    has read its slots' previous entries. The link idles where the host is held in a routing sync with the ring's
+    slots free (prefill_timeline_stop19.log: 4.5 ms host-late and 5.3 ms slot-wait in flash-shape's 2,048-token
+    stream-all prompt)."""
 
     def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int):
         self.w, self.queue, self.copied, self.consumed, self.R = walks, queue, copied, consumed, ring
-        self.issued = 0                           # entries [0, issued) have their copy enqueued
-        self.mark = 0                             # the host's watermark: entries [0, mark) are all consumed
-        self._done = [False] * (len(queue) + 1)
+        self.order = IssueOrder(queue, ring)
 
-    def consume(self, ks) -> None:
-        for k in ks:
-            self._done[k] = True
-        while self._done[self.mark]:
-            self.mark += 1
-
-    def _limit(self) -> int:
-        return min(len(self.queue), self.mark + self.R)
-
-    def _run(self, limit: int):
-        q, R, w = self.queue, self.R, self.w
-        k0, (l, e) = self.issued, q[self.issued]
-        k1 = k0 + 1
-        while k1 < limit and k1 % R and q[k1] == (l, e + k1 - k0):
-            k1 += 1
+    def _run(self, k0: int, k1: int):
+        w, (l, e) = self.w, self.queue[k0]
         yield from w._host(w.costs.host_copy_us(w.pool.busy, True))
         w.result.n_streamed += k1 - k0
-        waits = [self.consumed[k - R] for k in range(k0, k1) if k >= R]
+        waits = [self.consumed[k - self.R] for k in range(k0, k1) if k >= self.R]
         d = w.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), w.costs.blob(l), k1 - k0,
                            waits=waits)
         d.callbacks.append(lambda _, ks=range(k0, k1): [self.copied[k].succeed() for k in ks])
-        self.issued = k1
 
     def prefetch(self):
         """Issue every entry whose slot the host may reuse now."""
-        limit = self._limit()
-        while self.issued < limit:
-            yield from self._run(limit)
+        for k0, k1 in self.order.prefetch():
+            yield from self._run(k0, k1)
 
     def ensure(self, k: int):
         """Issue up to entry k (a group's last, before its launch)."""
-        while self.issued <= k:
-            limit = self._limit()
-            assert self.issued < limit, f"stream-all: entry {k} beyond the ring's reach ({limit})"
-            yield from self._run(limit)
+        for k0, k1 in self.order.up_to(k):
+            yield from self._run(k0, k1)

@@ -222,7 +222,8 @@ def test_the_stream_all_walk_issues_a_layers_copies_before_its_routing_sync():
         def watch(h, layer, ids, w):
             walk = e._walk
             first = e._layer_entries[layer].start
-            seen.append((layer, walk.issued > first, walk.issued <= walk.consumed + walk.ring.n))
+            order = walk.order
+            seen.append((layer, order.issued > first, order.issued <= order.consumed + walk.ring.n))
             return moe(h, layer, ids, w)
 
         e.ops.moe = watch

@@ -1,5 +1,7 @@
 """The stream plan (SPEC §3): stream_all_min, the walk, ring slots, streaming order."""
 
+import pytest
+
 from strata.policy.stream import ROUTED_ONLY_GROUP, ROUTED_ONLY_SLOTS
 
 from strata.policy import (
@@ -86,3 +88,27 @@ def test_stream_waste_keeps_chunks_off_a_wasteful_stream_all():
     assert all(w.admit() for _ in range(3))
     w.note(0, 0)                                         # an empty queue says nothing
     assert w.waste == 0.05
+
+
+def test_issue_order_runs_and_watermark():
+    """policy.IssueOrder (the engine's Walk and the simulator's HostIssue): runs of one layer's neighbouring experts
+    end at a gap, a layer change, the ring's wrap and the watermark's reach; entries consumed out of order move
+    the watermark only once every entry below is done."""
+    from strata.policy import IssueOrder
+
+    entries = [(0, 1), (0, 2), (0, 3), (0, 5), (0, 6), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
+    o = IssueOrder(entries, ring=4)
+    assert list(o.prefetch()) == [(0, 3), (3, 4)]          # the gap after e3; the watermark's reach (0 + 4)
+    assert list(o.prefetch()) == []                        # nothing consumed: no slot free
+    o.consume([1, 2])                                      # out of order: entry 0 still holds the watermark
+    assert o.consumed == 0 and list(o.prefetch()) == []
+    o.consume([0])
+    assert o.consumed == 3
+    assert list(o.prefetch()) == [(4, 5), (5, 7)]          # a layer change at 5; 7 = 3 + 4
+    o.consume([3, 4, 5, 6])
+    assert list(o.up_to(8)) == [(7, 8), (8, 10)]           # the wrap at 8 (slot 0 again) ends 7's run
+    with pytest.raises(AssertionError, match="consumed twice"):
+        o.consume([4])
+    o2 = IssueOrder(entries, ring=2)
+    with pytest.raises(AssertionError, match="beyond the ring's reach"):
+        list(o2.up_to(5))

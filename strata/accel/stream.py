@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.policy import IssueOrder
 
 
 class Ring:
@@ -26,8 +27,9 @@ class Ring:
 
     def copy_run(self, s0: int, blobs: np.ndarray, record: bool = True):
         """Copy m consecutive blobs (pinned [m, blob]) into slots s0 .. s0+m-1 once their last readers are
-        done, in one copy call (Device.h2d_rows; pitched where a slot is wider than a blob). Returns the event recorded after the copy (None when
-        `record` is off: a later copy's event covers this one, the copy stream being in order)."""
+        done, in one copy call (Device.h2d_rows; pitched where a slot is wider than a blob). Returns the event
+        recorded after the copy (None when `record` is off: a later copy's event covers this one, the copy stream
+        being in order)."""
         m, nb = blobs.shape
         for i in range(s0, s0 + m):
             used = self.used[i]
@@ -54,53 +56,41 @@ class Ring:
 
 class Walk:
     """One chunk's queue of (layer, expert) entries through a ring. The engine thread issues the copies between
-    its launches: a copy may go once the entry R before it was consumed, and `prefetch` issues all that may go.
-    Neighbouring experts that land in neighbouring slots go in one copy. `consume(ks)` marks entries done and
-    releases their slots; entries may be consumed out of order (an unrouted entry inside a group's span), and
-    `consumed` is the watermark: every entry below it is done, which is what issuing entry k + R needs."""
+    its launches, in the order and runs of policy.IssueOrder (entry k once the entries below k - R were consumed;
+    neighbouring experts in neighbouring slots in one copy): `prefetch` issues all that may go, `consume(ks)`
+    marks entries done and releases their slots."""
 
     def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], group: int | None = None):
         self.ring, self.arena, self.entries = ring, arena, entries
+        self.order = IssueOrder(entries, ring.n)
         # the routed-only walk computes entries in groups of `group` in queue order: only a copy that carries a
         # group's last entry needs an event (a CUDA event per copy run was a tenth of a short prompt's host time)
         self.group = group
-        self.issued = 0           # entries [0, issued) have their copy enqueued
-        self.consumed = 0         # watermark: entries [0, consumed) are all done
-        self._done = np.zeros(len(entries) + 1, bool)
         self._copied: list = [None] * len(entries)   # the event after the copy that carried entry k
 
     def slot(self, k: int) -> int:
         return k % self.ring.n
 
-    def _issue_run(self, limit: int) -> None:
-        """Issue the run of entries from `issued` (below `limit`): same layer, consecutive experts, no ring
-        wrap; `issued` moves past it."""
-        k0 = self.issued
+    def _issue(self, k0: int, k1: int) -> None:
+        """Copy entries [k0, k1) (one layer's neighbouring experts, neighbouring slots) in one run."""
         l, e0 = self.entries[k0]
-        k1 = k0 + 1
-        while (k1 < limit and self.entries[k1] == (l, e0 + k1 - k0) and self.slot(k1) == self.slot(k0) + k1 - k0):
-            k1 += 1
         g = self.group
         ends = g is None or k1 // g > k0 // g or k1 == len(self.entries)      # carries a group's last entry
         ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0], record=ends)
         for k in range(k0, k1):
             self._copied[k] = ev
-        self.issued = k1
 
     def ensure_issued(self, k: int) -> None:
         """Issue up to entry k (its slot's entry R before must have been consumed)."""
-        while self.issued <= k:
-            limit = min(len(self.entries), self.consumed + self.ring.n)
-            assert self.issued < limit, "walk: ring overrun"
-            self._issue_run(limit)
+        for k0, k1 in self.order.up_to(k):
+            self._issue(k0, k1)
 
     def prefetch(self) -> None:
         """Issue every entry whose slot is free: up to R transfers in flight ahead of compute (SPEC §3). In the
         stream-all walk the engine calls it after each group and at a layer's end, so the next layer's experts
         stream during its attention while the engine waits in the routing sync."""
-        limit = min(len(self.entries), self.consumed + self.ring.n)
-        while self.issued < limit:
-            self._issue_run(limit)
+        for k0, k1 in self.order.prefetch():
+            self._issue(k0, k1)
 
     def slots(self, ks: list[int]) -> np.ndarray:
         """The ring slots entries `ks` land in (fixed by the entry index, so known before they are issued)."""
@@ -115,8 +105,5 @@ class Walk:
 
     def consume(self, ks: list[int]) -> None:
         """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""
-        assert not self._done[ks].any(), f"an entry of {ks} consumed twice"
+        self.order.consume(ks)
         self.ring.release([self.slot(k) for k in ks])
-        self._done[ks] = True
-        while self._done[self.consumed]:
-            self.consumed += 1

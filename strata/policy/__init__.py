@@ -21,6 +21,7 @@ from .share import SHARE_POLICIES, FixedShare, LayerEnd, NoShare, SharePolicy, S
 from .stream import (
     GROUP_RESIDENT,
     ROUTED_ONLY_RING,
+    IssueOrder,
     StreamWaste,
     Walk,
     ring_budget_slots,
@@ -48,6 +49,7 @@ __all__ = [
     "ShareMode",
     "from_process",
     "CpuGate",
+    "IssueOrder",
     "GateReading",
     "ShareMeter",
     "PLANNERS",

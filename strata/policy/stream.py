@@ -7,7 +7,9 @@ ones. Sequences of flags are indexed by expert id (numpy arrays and lists both w
 from __future__ import annotations
 
 from enum import Enum
-from typing import Sequence
+from typing import Iterator, Sequence
+
+import numpy as np
 
 from .env import Config, Share
 
@@ -116,6 +118,52 @@ def stream_all_queue(resident_by_layer: Sequence[Sequence[bool]]) -> list[tuple[
     """The stream-all walk's queue: every non-resident (layer, expert), layer by layer, in id order, routed or
     not. Entry k uses ring slot k mod R and is issued once entry k - R was consumed."""
     return [(l, e) for l, res in enumerate(resident_by_layer) for e in range(len(res)) if not res[e]]
+
+
+class IssueOrder:
+    """Which entries of a walk's queue of (layer, expert) the engine thread may issue, in which copy runs: entry k
+    goes once every entry below k - R was consumed (the watermark); a run is neighbouring experts of one layer in
+    neighbouring slots, ending at the ring's wrap and the watermark's reach. Entries may be consumed out of order
+    (an unrouted entry inside a group's span). strata/accel/stream.py Walk issues its copies by it and
+    sim/walks.py HostIssue times them by it."""
+
+    def __init__(self, entries: Sequence[tuple[int, int]], ring: int):
+        self.entries, self.R = entries, ring
+        self.issued = 0                                  # entries [0, issued) have their copy enqueued
+        self.consumed = 0                                # the watermark: entries [0, consumed) are all done
+        self._done = np.zeros(len(entries) + 1, bool)
+
+    def _limit(self) -> int:
+        return min(len(self.entries), self.consumed + self.R)
+
+    def _run(self, limit: int) -> tuple[int, int]:
+        k0 = self.issued
+        l, e0 = self.entries[k0]
+        k1 = k0 + 1
+        while k1 < limit and k1 % self.R and self.entries[k1] == (l, e0 + k1 - k0):
+            k1 += 1
+        self.issued = k1
+        return k0, k1
+
+    def prefetch(self) -> Iterator[tuple[int, int]]:
+        """The runs [k0, k1) of every entry whose slot is free now, each marked issued as it is handed out."""
+        limit = self._limit()
+        while self.issued < limit:
+            yield self._run(limit)
+
+    def up_to(self, k: int) -> Iterator[tuple[int, int]]:
+        """The runs up to entry k (a group's last, before its launch)."""
+        while self.issued <= k:
+            limit = self._limit()
+            assert self.issued < limit, f"walk: entry {k} beyond the ring's reach ({limit})"
+            yield self._run(limit)
+
+    def consume(self, ks) -> None:
+        """Entries `ks` have their readers enqueued (or were not routed): the watermark moves past them."""
+        assert not self._done[ks].any(), f"an entry of {ks} consumed twice"
+        self._done[ks] = True
+        while self._done[self.consumed]:
+            self.consumed += 1
 
 
 GROUP_RESIDENT = 64  # experts a launch group from the cache holds at most (few launches for a layer's cache hits)
