@@ -137,15 +137,11 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
             raise ValueError(f"a probe of {probe['workers']} pool workers for a run of {workers}")
         flags = {**flags, "probe": PoolProbe.from_json(probe)}
 
-    def lent(n, L):   # what the engine lends that prompt (policy.prompt_loan through its plan), and its group
-        share = Run(mach, sm, L, qualifies=True, ctx=n_ctx, cfg=cfgs[n]).share
-        return plan.for_prompt(cfgs[n], share, L)[2:]
-
     out = {}
     waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
 
-    def run_of(n, L):
-        loan, group = lent(n, L)
+    def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
+        loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
         return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
                    routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan), loan=loan,
                    plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
@@ -158,7 +154,6 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
         warm = run_of("off", L)
         prefill(warm, Session(share_policy(warm.share, warm.gated, veto=warm.veto), waste=waste))
     for n in names:
-        cfg = cfgs[n]
         session = None
         for _ in range(2 if n == "auto" else 1):
             for L in lengths:

@@ -83,17 +83,14 @@ class ExpertCache:
         """Give the lent slots back and refill them with their experts once `after_event` (the prompt's last
         use of the region) has completed; they become resident when the copies land (see `poll`)."""
         self.dev.copy.wait(after_event)
-        batch = []
-        for s in range(self.n_slots - self.lent, self.n_slots):
-            if self.owner[s] is not None:
-                l, e = self.owner[s]
+        loads = [(s, *self.owner[s]) for s in range(self.n_slots - self.lent, self.n_slots) if self.owner[s]]
+        for i in range(0, len(loads), REFILL_EVENT_EVERY):
+            batch = loads[i:i + REFILL_EVENT_EVERY]
+            for s, l, e in batch:
                 self._load(s, l, e, arena)
-                batch.append((s, l, e))
-            if batch and (len(batch) == REFILL_EVENT_EVERY or s == self.n_slots - 1):
-                ev = self.dev.event()
-                ev.record(self.dev.copy)
-                self._pending.extend((ev, *x) for x in batch)
-                batch = []
+            ev = self.dev.event()
+            ev.record(self.dev.copy)
+            self._pending.extend((ev, *x) for x in batch)
         self.lent = 0
 
     def poll(self) -> int:
