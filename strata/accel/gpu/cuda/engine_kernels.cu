@@ -86,6 +86,14 @@ extern "C" __global__ void gemm_grouped_simt(float* C, int ldc, const half_t* A,
 }
 
 // ---- rows and elementwise --------------------------------------------------------------------------------------
+// dst[0:n16] = src[0:n16], 16 bytes a thread, grid-stride. src is pinned host memory read over PCIe by the SMs
+// (UVA: a cudaHostAlloc pointer is valid in kernels): the tables then reach the device without the copy engine,
+// whose queue holds the ring's expert copies (cuda_kernels.py upload).
+extern "C" __global__ void pull_bytes(uint4* dst, const uint4* src, long long n16) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
 extern "C" __global__ void gather_f16(half_t* out, const float* x, const int* src, int R, int D) {
     const int r = blockIdx.x;
     const float* xs = x + (long long)src[r] * D;
