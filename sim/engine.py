@@ -235,7 +235,9 @@ class _Runner(EngineWalks):
     def _attention(self, l: int, start: int, t: int) -> None:
         self.gpu.op(f"L{l} attn", self.costs.dense_us(t, self.run.prior + start), category="dense")
 
-    def _routing_sync(self, l: int, start: int, t: int):
+    def _routing_sync(self, l: int, start: int, t: int, layout: bool = True):
+        """The host waits for layer l's routing, reads the last window's events, then (`layout`) lays out the rows
+        and the layer's tables (group_us); the routed-only walk of this engine issues its first copies first."""
         yield self.gpu.tail
         yield self.env.timeout(self.costs.sync_us())
         want = self.pol.wants()
@@ -248,7 +250,8 @@ class _Runner(EngineWalks):
                 self.result.meter_lines.append(self.pol.folded)
             if r is not None:
                 self.result.readings.append(r)
-        yield self.env.timeout(self.costs.group_us(t))
+        if layout:
+            yield self.env.timeout(self.costs.group_us(t))
         return self.routing.counts(l, start, t)
 
     def _noise(self) -> float:
@@ -277,7 +280,8 @@ class _Runner(EngineWalks):
             if arm:
                 grew = yield from self._pin("cpu_x_bytes", t * m.shape.n_embd * 4, 1.0)
                 self.gpu.op(f"L{l} input d2h", c.input_d2h_us(t), category="share d2h")
-            cnt = yield from self._routing_sync(l, start, t)
+            early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
+            cnt = yield from self._routing_sync(l, start, t, layout=not early)
             share = self.pol.share(arm) if eligible else 0.0
             choice = self.chooser.choose(cnt, self.resident[l], self.in_ram, share)
             if eligible:
@@ -285,12 +289,18 @@ class _Runner(EngineWalks):
             cpu = list(choice.cpu)
             rows = int(sum(cnt[e] for e in cpu))
             ev0 = self.gpu.mark()
-            cpu_done, cpu_us = None, 0.0
+            cpu_done, cpu_us, iss = None, 0.0, None
             if cpu:
                 grew = (yield from self._pin("cpu_rows_bytes", rows * m.shape.n_embd * 4, 2.0)) or grew
+            if early:
+                iss = self.routed_issue(l, cnt, set(cpu))
+                yield from iss.prefetch()
+                yield self.env.timeout(c.group_us(t))   # the row layout and tables; the pool starts after the layout
+            if cpu:
                 cpu_us = c.cpu_pool_us(l, [int(cnt[e]) for e in cpu])
                 cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
-            done = yield from (self._routed_walk if self.mmq else self._engine_routed_walk)(l, cnt, set(cpu))
+            done = yield from (self._routed_walk(l, cnt, set(cpu)) if self.mmq else
+                               self._engine_routed_walk(l, cnt, set(cpu), iss))
             res.n_streamed += len(done)
             res.n_cpu += len(cpu)
             ev1 = self.gpu.mark()

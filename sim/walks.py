@@ -47,13 +47,16 @@ class EngineWalks:
         rid = [e for e in range(len(cnt)) if cnt[e] > 0 and self.resident[l][e]]
         return [[rid[i] for i in g] for g in resident_groups([int(cnt[e]) for e in rid], self.group)]
 
-    def _engine_routed_walk(self, l: int, cnt, cpu: set):
+    def _engine_routed_walk(self, l: int, cnt, cpu: set, iss: "HostIssue | None" = None):
         """Routed-only: the streamed experts in id order, in groups of policy.routed_group (at most half the walk's
-        slots and the weight scratch); a copy is issued when the host reaches its group and reuses the slot of the
-        expert R copies back once that one's group was computed. Returns each streamed expert's group completion."""
+        slots and the weight scratch). With the host timed by what it issues, `iss` (routed_issue) has issued the
+        first copies at the routing sync; each group then issues up to its last entry and, once its reads are
+        enqueued, all that may go (GpuEngine.moe). Without, a group's copies are issued when the host reaches it,
+        entry j reusing the slot of entry j - R once that one's group was computed. Returns each streamed
+        expert's group completion."""
         c, R = self.costs, self.ring
         rg = self._resident_groups(l, cnt)
-        sid = [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
+        sid = self._streamed(l, cnt, cpu)
         sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
         done: list = []
         by_issue = c.by_issue        # the host timed by what it issues (Costs.by_issue), else per streamed expert
@@ -62,44 +65,41 @@ class EngineWalks:
                 if by_issue:
                     yield from self._host(c.host_group_us(self.pool.busy))
                 self._group_op(l, rg[i], cnt)
+            elif kind == "str" and iss is not None:
+                g = sg[i]
+                if self.run.link_gap_us:   # before b1162ae: the copy stream idle ahead of each group's copies
+                    self.link.stream.op("", self.run.link_gap_us)
+                yield from iss.ensure(g[-1])
+                yield from self._host(c.host_group_us(self.pool.busy))
+                d = self._group_op(l, [sid[j] for j in g], cnt, waits=[iss.copied[g[-1]]])
+                d.callbacks.append(lambda _, ks=g: [iss.consumed[k].succeed() for k in ks])
+                iss.order.consume(g)                   # on_released: the group's reads are enqueued
+                yield from iss.prefetch()
+                done.extend([d] * len(g))
             elif kind == "str":
                 copies = []
-                if by_issue:
-                    yield from self._copy_runs(l, [sid[j] for j in sg[i]], len(done), done, copies)
-                else:
-                    for e in (sid[j] for j in sg[i]):
-                        yield from self._host(c.host_issue_us(self.pool.busy))
-                        j = len(done) + len(copies)
-                        copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
+                for e in (sid[j] for j in sg[i]):
+                    yield from self._host(c.host_issue_us(self.pool.busy))
+                    j = len(done) + len(copies)
+                    copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
                 d = self._group_op(l, [sid[j] for j in sg[i]], cnt, waits=copies)
                 done.extend([d] * len(sg[i]))
         return done
 
+    def _streamed(self, l: int, cnt, cpu: set) -> list[int]:
+        return [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
+
+    def routed_issue(self, l: int, cnt, cpu: set) -> "HostIssue":
+        """The routed-only walk's queue of layer l (its streamed experts in id order) and its issuer, whose
+        prefetch the engine thread calls right after the routing sync, before the row layout and the tables
+        (GpuEngine.moe: the link would idle through them)."""
+        queue = [(l, e) for e in self._streamed(l, cnt, cpu)]
+        return HostIssue(self, queue, [self.env.event() for _ in queue], [self.env.event() for _ in queue],
+                         self.ring, group=routed_group(self.ring, self.group), count=False)
+
     def _host(self, us: float):
         yield self.env.timeout(us)
         self.result.host_issue_us += us
-
-    def _copy_runs(self, l: int, experts: list[int], j0: int, done: list, copies: list):
-        """A routed-only group's copies as the engine issues them: runs of neighbouring experts in neighbouring
-        slots (Walk._issue_run), each run's host time and, before b1162ae (Run.event_per_copy), a CUDA event after
-        every run, since then only after the group's last; then the group's launches (host_group_us). Entry j
-        reuses the slot of entry j - R once that one's group was computed."""
-        c, R, busy = self.costs, self.ring, self.pool.busy
-        runs, j = [], j0
-        for e in experts:
-            if runs and e == runs[-1][-1][1] + 1 and j % R:
-                runs[-1].append((j, e))
-            else:
-                runs.append([(j, e)])
-            j += 1
-        if self.run.link_gap_us:   # the host issued the group's copies after the copy stream ran dry
-            self.link.stream.op("", self.run.link_gap_us)
-        for n, run in enumerate(runs):
-            yield from self._host(c.host_copy_us(busy, self.run.event_per_copy or n == len(runs) - 1))
-            last = run[-1][0]
-            copies.append(self.link.h2d_run(f"L{l} e{run[0][1]}" + (f"-e{run[-1][1]}" if len(run) > 1 else ""),
-                                            c.blob(l), len(run), waits=[done[last - R] if last >= R else None]))
-        yield from self._host(c.host_group_us(busy))
 
     def _engine_stream_all_chunk(self, start: int, t: int, ring: int):
         """Stream-all: every non-resident expert of every layer queued at chunk start, entry k in slot k mod R;
@@ -183,21 +183,27 @@ class EngineWalks:
 
 
 class HostIssue:
-    """The stream-all walk's copies as the engine thread issues them (strata/accel/stream.py Walk) at its own
-    points: the chunk's start, after each streamed group, a layer's end; each in the runs of policy.IssueOrder
+    """A walk's copies as the engine thread issues them (strata/accel/stream.py Walk) at its own points (stream-all:
+    the chunk's start, after each streamed group, a layer's end; routed-only: the routing sync, each group's
+    launch and after it); each in the runs of policy.IssueOrder
     (the host consuming a group when its reads are enqueued). A run's copy waits on the copy stream until the GPU
     has read its slots' previous entries. The link idles where the host is held in a routing sync with the ring's
     slots free (prefill_timeline_stop19.log: 4.5 ms host-late and 5.3 ms slot-wait in flash-shape's 2,048-token
     stream-all prompt)."""
 
-    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int):
+    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int, group: int | None = None,
+                 count: bool = True):
         self.w, self.queue, self.copied, self.consumed, self.R = walks, queue, copied, consumed, ring
         self.order = IssueOrder(queue, ring)
+        self.group = group   # routed-only: only a copy that carries a group's last entry records an event (Walk)
+        self.count = count   # add the copies to the result's streamed experts (the routed chunk counts its own)
 
     def _run(self, k0: int, k1: int):
-        w, (l, e) = self.w, self.queue[k0]
-        yield from w._host(w.costs.host_copy_us(w.pool.busy, True))
-        w.result.n_streamed += k1 - k0
+        w, (l, e), g = self.w, self.queue[k0], self.group
+        event = g is None or k1 // g > k0 // g or k1 == len(self.queue) or w.run.event_per_copy   # b1162ae
+        yield from w._host(w.costs.host_copy_us(w.pool.busy, event))
+        if self.count:
+            w.result.n_streamed += k1 - k0
         waits = [self.consumed[k - self.R] for k in range(k0, k1) if k >= self.R]
         d = w.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), w.costs.blob(l), k1 - k0,
                            waits=waits)

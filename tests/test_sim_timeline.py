@@ -150,6 +150,29 @@ def test_this_engines_routed_only_groups():
     assert (r.n_streamed, r.prompt_ms) == (6, pytest.approx(0.58))
 
 
+class IssueCosts(FixedCosts):
+    """The host timed by what it issues (Costs.by_issue): 10 a copy run (+ 5 for its event), 20 a launch group,
+    and the row layout and tables 50 after each routing sync; a run of n neighbouring blobs takes 40 n."""
+    by_issue = True
+    def group_us(self, t): return 50.0
+    def host_group_us(self, busy): return 20.0
+    def host_copy_us(self, busy, event): return 10.0 + (5.0 if event else 0.0)
+    def copy_run_us(self, nbytes, count, busy): return 40.0 * count
+
+
+def test_this_engines_routed_only_copies_go_before_the_layout():
+    """GpuEngine.moe issues the routed-only walk's first copies right after the routing sync, before the row layout
+    and the tables (the link would idle through them): layer 0's streamed e2-e4, one run, start at the sync's end
+    (attention 100 + sync 5 + the run's issue 15 = 120) while the host lays out the rows until 170; the resident
+    group goes at 190, the streamed one waits for its copies (120 + 3 x 40 = 240)."""
+    model = SimModel("tiny", SHAPE)
+    r = prefill(Run(machine("h200-host16"), model, 4, Config(cpu_share=0.0), cache_slots=200_000,
+                    routing=TraceRouting(IDS), costs=IssueCosts(model), resident=3, timeline=True))
+    ev = dict(r.events)
+    assert ev["h2d:L0 e2-e4"] == 120 and ev["gpu:L0 e0,e1"] == 190 and ev["gpu:L0 e2,e3,e4"] == 240
+    assert r.n_streamed == 6
+
+
 def test_this_engines_stream_all():
     # one copy a queue entry from t = 0 (host 30 + copy 40 each: entry k lands at 70 + 40k); layer 0's routed
     # entries 0-2 form a group after its copies (150), its unrouted 3-5 are released when the walk passes them;
