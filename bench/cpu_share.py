@@ -1,6 +1,6 @@
 """The prefill CPU share on the GPU engine (issue: STRATA_PREFILL_CPU_SHARE=auto|x|0): interleaved rounds of off /
 fixed shares / auto at several prompt lengths, medians, the share chosen, experts the CPU took, gate decisions;
-then a losing configuration (the pool cut to one worker) to show the gate caps the loss. STRATA_DBG_LINK_GBPS=x
+then a losing configuration (the pool cut to two workers) to show the gate caps the loss. STRATA_DBG_LINK_GBPS=x
 runs it on an emulated slower PCIe (the copy stream held to x GB/s), the simulator column likewise. The rounds
 measure the steady state (the gate's state persists across requests, SPEC §6); auto's first prompts from a fresh gate, its
 exploration, are printed beside off before them. Before them and after each round each configuration's pool is
@@ -9,7 +9,7 @@ lent machines' pools differ from lease to lease and drift within one); the probe
 "pool_probe", which the simulator column uses (bench/share_sim.py).
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
-                          [--shares 0.3,0.6] [--workers N] [--losing-workers 1] [--probe-reps 5] [--json out.json]
+                          [--shares 0.3,0.6] [--workers N] [--losing-workers 2] [--probe-reps 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shares", default="0.3,0.6")
     ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--losing-workers", type=int, default=1, help="the second, losing configuration's pool "
-                    "workers (0: skip it)")
+    ap.add_argument("--losing-workers", type=int, default=2, help="the second, losing configuration's pool "
+                    "workers (0: skip it). Two, not one: the H200 host's lone worker flips between two speeds "
+                    "(484-514 or 650-722 us an expert) on every CPU it is pinned to, so one probe misses the rounds")
     ap.add_argument("--json")
     ap.add_argument("--spin-us", type=float, help="the pool's spin before it dozes (ExpertPool's default: 2000)")
     ap.add_argument("--sim-machine", default="h200-host16", help="catalogue machine for the prediction column")
