@@ -72,6 +72,7 @@ def main():
     from strata.policy import Share, ShareMode, size_class_floor
 
     from cpu_pool import merge_probes, pool_probe, probe_line
+    from prefill import h2d_gbps
 
     log = lambda s: print(s, file=sys.stderr)
 
@@ -107,12 +108,13 @@ def main():
             for L in lengths:
                 eng.reset()
                 eng.prefill(rng.integers(0, c.n_vocab, L).tolist())
-        probes = []
+        probes, h2ds = [], []
 
         def probe_pool():      # this lease's pool on the arena's blobs (no loan refill in flight), for the simulator
             if a.probe_reps > 0:
                 settle(eng)
                 probes.append(pool_probe(pool, arena.layers, arena.types, c.n_embd, c.n_ff_exp, reps=a.probe_reps))
+                h2ds.append(h2d_gbps(dev, eng.plan.slot_bytes))   # and its link (46.7-50.4 GB/s lease to lease)
 
         probe_pool()
         if probes:
@@ -161,8 +163,13 @@ def main():
                     streamed[L][name].append((eng.stats.streamed_bytes - b0) / 1e6)
             probe_pool()                      # the pool's speed drifts through a run: one probe after each round
         probe = merge_probes(probes) if probes else None
+        h2d = statistics.median(h2ds) if h2ds and not cfg.dbg_link_gbps else None
         if probe is not None:
             print(f"{label}: {probe_line(probe)}")
+        if h2ds:
+            print(f"{label}: link probe: one {eng.plan.slot_bytes / 2**20:.2f} MiB blob copied back to back, "
+                  f"{statistics.median(h2ds):.1f} GB/s (median of {len(h2ds)} probes through the run, "
+                  f"{min(h2ds):.1f}..{max(h2ds):.1f})")
         link = f", link held to {cfg.dbg_link_gbps:g} GB/s (STRATA_DBG_LINK_GBPS)" if cfg.dbg_link_gbps else ""
         print(f"\n{label}: {a.model} ({c.n_layer} layers x {c.n_expert} experts), {workers} pool workers{link}, "
               f"quarter cache {eng.plan.cache_slots} slots, chunk {eng.plan.chunk}; medians of {a.rounds} rounds, ms")
@@ -184,7 +191,7 @@ def main():
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
             from sim.workload import TraceRouting
-            from share_sim import comparison_lines, predict, probe_extremes, probe_note, range_line
+            from share_sim import comparison_lines, link_note, predict, probe_extremes, probe_note, range_line
 
             ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
             if a.json:
@@ -192,14 +199,14 @@ def main():
             routing = TraceRouting(ids.astype(np.int64))
             names = [n for n, _ in settings]
             pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing, cfg.dbg_link_gbps,
-                           probe=probe)
-            print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt{probe_note(probe)}), "
-                  f"ms: measured / predicted (error)")
+                           probe=probe, h2d_gbps=h2d)
+            print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt{probe_note(probe)}"
+                  f"{link_note(h2d, cfg.dbg_link_gbps)}), ms: measured / predicted (error)")
             print("\n".join(comparison_lines(tab, pred, lengths, names)))
             ends = probe_extremes(probe)
             if ends:
                 lo, hi = (predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing,
-                                  cfg.dbg_link_gbps, probe=p) for p in ends)
+                                  cfg.dbg_link_gbps, probe=p, h2d_gbps=h2d) for p in ends)
                 print(range_line(tab, pred, lo, hi, lengths, names))
             for L in lengths:
                 for n in names:
@@ -221,6 +228,10 @@ def main():
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         if probe is not None:
             report[label]["pool_probe"] = probe
+        if h2ds:
+            report[label]["h2d_probes_gbps"] = h2ds
+            if h2d is not None:
+                report[label]["h2d_probe_gbps"] = h2d
         pool.close()
     if a.json:
         with open(a.json, "w") as f:

@@ -91,7 +91,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
             link_gbps: float | None = None, calib: dict | None = None,
             link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None,
             cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None,
-            probe: dict | None = None) -> dict:
+            probe: dict | None = None, h2d_gbps: float | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
     simulated meter's share after auto's session). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
@@ -99,18 +99,19 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk).
     engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags).
     probe: the configuration's "pool_probe" (bench/cpu_share.py): its pool's measured cost in place of the modelled
-    one (sim.costs.PoolProbe); None: the catalogue's pool."""
+    one (sim.costs.PoolProbe); None: the catalogue's pool. h2d_gbps: the run's link probe (bench/cpu_share.py, one
+    blob copied back to back): the catalogue's link scaled to it (LinkSpec.probed); ignored on an emulated link."""
     flags = dict(ENGINES[engine]) if engine else {}
     group = flags.pop("routed_group", None)
     slots = flags.pop("routed_slots", None)
     group = routed_group or group
     with routed_walk(group, slots):
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags, probe)
+                        host_issue_us, cpu, flags, probe, h2d_gbps)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu, flags, probe) -> dict:
+             host_issue_us, cpu, flags, probe, h2d_gbps) -> dict:
     from sim.costs import PoolProbe
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
@@ -125,6 +126,8 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
         mach = dataclasses.replace(mach, link=dataclasses.replace(mach.link, h2d_gbps=link_gbps, h2d_curve=(),
                                                                   h2d_latency_us=link_copy_us,
                                                                   h2d_queued_us=link_copy_us))
+    elif h2d_gbps:
+        mach = dataclasses.replace(mach, link=mach.link.probed(h2d_gbps, plan.slot_bytes))
     if calib:
         mach = dataclasses.replace(mach, calib={**mach.calib, **calib})
     if host_issue_us is not None:
@@ -165,6 +168,10 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
     return out
+
+
+def link_note(h2d_gbps: float | None, emulated: float | None) -> str:
+    return f", link probed: {h2d_gbps:.1f} GB/s a blob" if h2d_gbps and not emulated else ""
 
 
 def probe_note(probe: dict | None) -> str:
@@ -280,8 +287,8 @@ def main():
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's)")
-    ap.add_argument("--no-probe", action="store_true", help="price the pool by the catalogue's model even where the "
-                    "JSON holds the run's pool_probe")
+    ap.add_argument("--no-probe", action="store_true", help="price the pool and the link by the catalogue even where "
+                    "the JSON holds the run's pool_probe and h2d_probe_gbps")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting
@@ -302,17 +309,18 @@ def main():
         plan, n_ctx = _bench_plan(m, lengths, rep.get("plan"))
         link = rep.get("link_gbps")
         probe = None if a.no_probe else rep.get("pool_probe")
+        h2d = None if a.no_probe else rep.get("h2d_probe_gbps")
         pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                       routed_group=a.routed_group, engine=a.engine, probe=probe)
+                       routed_group=a.routed_group, engine=a.engine, probe=probe, h2d_gbps=h2d)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
               f"simulator ({a.machine}, "
-              f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}), ms: measured / predicted "
-              f"(error)")
+              f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}{link_note(h2d, link)}), "
+              f"ms: measured / predicted (error)")
         print("\n".join(comparison_lines(table, pred, lengths, names)))
         ends = probe_extremes(probe)
         if ends:
             lo, hi = (predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                              routed_group=a.routed_group, engine=a.engine, probe=p) for p in ends)
+                              routed_group=a.routed_group, engine=a.engine, probe=p, h2d_gbps=h2d) for p in ends)
             print(range_line(table, pred, lo, hi, lengths, names))
 
 

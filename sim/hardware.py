@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
@@ -79,6 +79,8 @@ class LinkSpec:
     h2d_curve: tuple[tuple[int, float], ...] = ()  # measured (bytes, µs) per copy, ascending; wins if given
     h2d_queued_us: float = 0.0  # fixed cost of a copy queued behind others on the copy stream (then bytes at
     #                             h2d_gbps); 0: none measured, a copy costs h2d_us however it is queued
+    probe_factor: float = 1.0  # what bench/prefill.py's h2d_gbps probe (one blob copied back to back) reads on
+    #                            this link, over the rate of queued_us at that size (the runs the constants fit)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -108,6 +110,16 @@ class LinkSpec:
         if not self.h2d_queued_us:
             return self.h2d_us(nbytes)
         return self.h2d_queued_us + nbytes / (self.h2d_gbps * 1e3)
+
+    def probed(self, gbps: float, nbytes: float) -> "LinkSpec":
+        """This link as a lease's own probe measured it: `gbps` from bench/prefill.py's h2d_gbps at `nbytes` (a
+        blob), every H2D time scaled by the ratio of the probe's reading to this link's (lent H200s read 46.7-50.4
+        GB/s at flash-shape's blob, bench/results/h200/prefill_f8*.log)."""
+        ref = self.probe_factor * nbytes / (self.queued_us(nbytes) * 1e3)
+        s = gbps / ref
+        return replace(self, h2d_gbps=self.h2d_gbps * s, h2d_latency_us=self.h2d_latency_us / s,
+                                   h2d_curve=tuple((b, t / s) for b, t in self.h2d_curve),
+                                   h2d_queued_us=self.h2d_queued_us / s)
 
     def d2h_us(self, nbytes: float) -> float:
         return self.h2d_latency_us + nbytes / (self.d2h_gbps * 1e3)

@@ -158,3 +158,30 @@ def test_the_runs_fastest_and_slowest_probe_bound_a_cell():
     assert line == "beyond 15%, with the run's fastest and slowest pool probe: 250 0.3: measured 100, predicted 80 [70..110]"
     pred[(250, "0.3")] = 90.0
     assert range_line(table, pred, lo, hi, [250], ["off", "0.3"]) == "every prompt time within 15%"
+
+
+def test_a_link_probe_scales_the_link_to_the_lease():
+    """LinkSpec.probed: a lease whose probe reads what the catalogue's link reads (probe_factor x the queued copy's
+    rate at the blob's size) leaves every H2D time as it was; a probe 10% slower makes every copy 10% longer, and
+    an off prompt, which streams, longer with it."""
+    mach = machine("h200-host16")
+    link, blob = mach.link, 1_866_465                          # flash-shape's blob (1.78 MiB)
+    ref = link.probe_factor * blob / (link.queued_us(blob) * 1e3)
+    same, slow = link.probed(ref, blob), link.probed(0.9 * ref, blob)
+    for n in (4096, blob, 8 * blob, 1 << 30):
+        assert same.queued_us(n) == pytest.approx(link.queued_us(n))
+        assert same.h2d_us(n) == pytest.approx(link.h2d_us(n))
+        assert slow.queued_us(n) == pytest.approx(link.queued_us(n) / 0.9)
+        assert slow.h2d_us(n) == pytest.approx(link.h2d_us(n) / 0.9)
+    assert slow.probe_factor * blob / (slow.queued_us(blob) * 1e3) == pytest.approx(0.9 * ref)
+    m = _flash()
+    ms = [prefill(Run(dataclasses.replace(mach, link=lk), m, 250, cfg=setting_config("off"), cache_slots=512)).prompt_ms
+          for lk in (link, slow)]
+    assert ms[1] > 1.05 * ms[0]
+
+
+def test_share_sim_names_the_link_probe_unless_the_link_is_emulated():
+    from share_sim import link_note
+
+    assert link_note(None, None) == "" and link_note(49.66, 12.0) == ""
+    assert link_note(49.66, None) == ", link probed: 49.7 GB/s a blob"
