@@ -44,6 +44,16 @@ def paired_line(res: dict, lengths, names) -> str:
         f"{L}: " + " ".join(f"{n} {100 * paired(res, L, n):+.1f}%" for n in names if n != "off") for L in lengths)
 
 
+def class_state(p) -> str:
+    """A size class's auto policy after the rounds (policy.GatedShare): the meter's share and its unclamped balance,
+    share arms the floor veto held back, the gate's verdict and its last ratios (shared / unshared ms a streamed
+    expert; the verdict is their upper median < 1)."""
+    bal = "none" if p.meter.balance is None else f"{p.meter.balance:.3f}"
+    return (f"meter share {p.meter.share:.2f} (balance {bal}, {p.vetoed} share arms vetoed), gate "
+            f"{'share' if p.gate.gate else 'do not share'} after {p.gate.layers} eligible layers (ratios "
+            + " ".join(f"{r:.3f}" for r in p.gate.ratios) + ")")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -211,19 +221,22 @@ def main():
             for L in lengths:
                 for n in names:
                     tab[L][n]["sim_ms"] = pred[(L, n)]
+            if pred.get("auto_policy"):   # the simulated auto's view beside the engine's (printed below)
+                print("simulated auto, per size class: " + "; ".join(
+                    f"{size_class_floor(c)}+ tokens: {class_state(p)}" for c, p in sorted(pred["auto_policy"].items())))
         except ImportError as e:   # the prediction column needs simpy (the `sim` extra)
             print(f"simulator: no prediction ({e!r})")
         auto = pols["auto"]
-        classes = {c: (p.meter.share, p.gate.gate, p.gate.layers) for c, p in sorted(auto.by_class.items())
-                   if p.gate.layers}
+        classes = {c: p for c, p in sorted(auto.by_class.items()) if p.gate.layers}
         print("auto, per size class (half-octave of tokens): " + "; ".join(
-            f"{size_class_floor(c)}+ tokens: meter share {s:.2f}, gate {'share' if g else 'do not share'} after {n} "
-            f"eligible layers" for c, (s, g, n) in classes.items())
+            f"{size_class_floor(c)}+ tokens: {class_state(p)}" for c, p in classes.items())
               + "; CPU experts per run (auto) " + ", ".join(f"{L}: {statistics.median(cpu[L]['auto']):.0f}"
                                                             for L in lengths))
         report[label] = {"workers": workers, "link_gbps": cfg.dbg_link_gbps, "table": tab,
-                         "auto_classes": {str(c): {"share": s, "gate": g, "layers": n}
-                                          for c, (s, g, n) in classes.items()},
+                         "auto_classes": {str(c): {"share": p.meter.share, "gate": p.gate.gate,
+                                                   "layers": p.gate.layers, "balance": p.meter.balance,
+                                                   "vetoed": p.vetoed, "ratios": list(p.gate.ratios)}
+                                          for c, p in classes.items()},
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         if probe is not None:

@@ -93,7 +93,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
             cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None,
             probe: dict | None = None, h2d_gbps: float | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
-    simulated meter's share after auto's session). link_gbps: the
+    simulated meter's share after auto's session, 'auto_policy' its GatedShare per size class). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
     the copy's start: its real time, being shorter, disappears inside). cpu: fields of the catalogue CPU to
     replace (bench/fit_share_sim.py fits turbo_ghz). routed_group: the run's routed-only walk (routed_walk).
@@ -167,6 +167,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
                 out[(L, n)] = prefill(run, session).prompt_ms
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}
+            out["auto_policy"] = {c: p for c, p in session.policy.by_class.items() if p.gate.layers}
     return out
 
 

@@ -185,3 +185,18 @@ def test_share_sim_names_the_link_probe_unless_the_link_is_emulated():
 
     assert link_note(None, None) == "" and link_note(49.66, 12.0) == ""
     assert link_note(49.66, None) == ", link probed: 49.7 GB/s a blob"
+
+
+def test_cpu_share_prints_a_size_classs_policy_state():
+    """bench/cpu_share.py's per-class line (the engine's auto and the simulated one side by side): the meter's share
+    and unclamped balance, the veto's count, the gate's verdict and its ratios."""
+    from cpu_share import class_state
+    from strata.policy.auto import GatedShare
+
+    p = GatedShare()
+    assert class_state(p) == ("meter share 0.50 (balance none, 0 share arms vetoed), gate do not share after 0 "
+                              "eligible layers (ratios )")
+    p.meter.sample(1.0, 2, 0.25, 10)             # c 0.5 ms an expert, g 0.025: balance 0.0476, under the floor
+    p.gate.ratios.extend([0.97, 1.02])
+    assert class_state(p) == ("meter share 0.05 (balance 0.048, 0 share arms vetoed), gate do not share after 0 "
+                              "eligible layers (ratios 0.970 1.020)")
