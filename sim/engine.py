@@ -288,7 +288,6 @@ class _Runner(EngineWalks):
                 res.layer_shares.append(share)
             cpu = list(choice.cpu)
             rows = int(sum(cnt[e] for e in cpu))
-            ev0 = self.gpu.mark()
             cpu_done, cpu_us, iss = None, 0.0, None
             if cpu:
                 grew = (yield from self._pin("cpu_rows_bytes", rows * m.shape.n_embd * 4, 2.0)) or grew
@@ -296,6 +295,7 @@ class _Runner(EngineWalks):
                 iss = self.routed_issue(l, cnt, set(cpu))
                 yield from iss.prefetch()
                 yield self.env.timeout(c.group_us(t))   # the row layout and tables; the pool starts after the layout
+            ev0 = self.gpu.mark()                       # the meter's window opens at the pool's launch (CpuBlock.launch)
             if cpu:
                 cpu_us = c.cpu_pool_us(l, [int(cnt[e]) for e in cpu])
                 cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
