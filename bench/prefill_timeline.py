@@ -32,11 +32,11 @@ REC = None
 tl = threading.local()
 def tev(stream):
     e = cp.cuda.Event(); e.record(stream.s); return e
-oc, og, om, oi = st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue_run
+oc, og, om, oi = st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue
 state = {"layer": -1}
-def issue_run(self, limit):
-    tl.layer = self.entries[self.issued][0]
-    return oi(self, limit)
+def issue(self, k0, k1):      # Walk._issue: one copy run of entries [k0, k1), all of one layer
+    tl.layer = self.entries[k0][0]
+    return oi(self, k0, k1)
 def copy_run(self, s0, blobs, record=True):
     if REC is None:
         return oc(self, s0, blobs, record)
@@ -64,7 +64,7 @@ def moe(self, h, layer, ids_dev, w_dev):
     e1 = tev(self.dev.compute)
     REC.append(("moe", layer, t, e0, e1, time.perf_counter()))
     return out
-st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue_run = copy_run, group, moe, issue_run
+st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue = copy_run, group, moe, issue
 logs = []
 eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, c.n_layer * c.n_expert // 4), config=cfg,
                arena=arena, log=logs.append)

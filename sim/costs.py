@@ -184,7 +184,8 @@ class Costs:
         return t / self.calib.link_factor if pool_busy else t
 
     # this engine's walks, where the machine measures the host by what it issues (Machine.host_group_us): the
-    # copies go as runs of neighbouring blobs (strata/accel/stream.py Walk._issue_run), each queued behind others
+    # copies go as runs of neighbouring blobs (strata/accel/stream.py Walk._issue by policy.IssueOrder), each
+    # queued behind others
     @property
     def by_issue(self) -> bool:
         return self.machine.host_group_us > 0
