@@ -269,6 +269,7 @@ class _Runner(EngineWalks):
     def _routed_only_chunk(self, start: int, t: int, shareable: bool = True):
         m, c, res = self.run.model, self.costs, self.result
         eligible = self.run.share.on and shareable
+        early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
         if eligible:
             self.pol.begin_chunk(t)
         yield from self._embed(t)
@@ -280,7 +281,6 @@ class _Runner(EngineWalks):
             if arm:
                 grew = yield from self._pin("cpu_x_bytes", t * m.shape.n_embd * 4, 1.0)
                 self.gpu.op(f"L{l} input d2h", c.input_d2h_us(t), category="share d2h")
-            early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
             cnt = yield from self._routing_sync(l, start, t, layout=not early)
             share = self.pol.share(arm) if eligible else 0.0
             choice = self.chooser.choose(cnt, self.resident[l], self.in_ram, share)

@@ -95,7 +95,7 @@ class EngineWalks:
         (GpuEngine.moe: the link would idle through them)."""
         queue = [(l, e) for e in self._streamed(l, cnt, cpu)]
         return HostIssue(self, queue, [self.env.event() for _ in queue], [self.env.event() for _ in queue],
-                         self.ring, group=routed_group(self.ring, self.group), count=False)
+                         self.ring, group=routed_group(self.ring, self.group))
 
     def _host(self, us: float):
         yield self.env.timeout(us)
@@ -107,6 +107,7 @@ class EngineWalks:
         released as the walk passes them. With the host timed by what it issues (Costs.by_issue), the engine
         thread issues the copies at its own points (HostIssue), else an issuer process does."""
         queue = stream_all_queue(self.resident[: self.n_layer])
+        self.result.n_streamed += len(queue)   # every entry is copied by the chunk's end, routed or not
         copied = [self.env.event() for _ in queue]
         consumed = [self.env.event() for _ in queue]
         iss = HostIssue(self, queue, copied, consumed, ring) if self.costs.by_issue else None
@@ -178,7 +179,6 @@ class EngineWalks:
             h = c.host_issue_us(self.pool.busy)
             yield self.env.timeout(h)
             res.host_issue_us += h
-            res.n_streamed += 1
             self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())
 
 
@@ -191,19 +191,15 @@ class HostIssue:
     slots free (prefill_timeline_stop19.log: 4.5 ms host-late and 5.3 ms slot-wait in flash-shape's 2,048-token
     stream-all prompt)."""
 
-    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int, group: int | None = None,
-                 count: bool = True):
+    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int, group: int | None = None):
         self.w, self.queue, self.copied, self.consumed, self.R = walks, queue, copied, consumed, ring
         self.order = IssueOrder(queue, ring)
         self.group = group   # routed-only: only a copy that carries a group's last entry records an event (Walk)
-        self.count = count   # add the copies to the result's streamed experts (the routed chunk counts its own)
 
     def _run(self, k0: int, k1: int):
         w, (l, e), g = self.w, self.queue[k0], self.group
         event = g is None or k1 // g > k0 // g or k1 == len(self.queue) or w.run.event_per_copy   # b1162ae
         yield from w._host(w.costs.host_copy_us(w.pool.busy, event))
-        if self.count:
-            w.result.n_streamed += k1 - k0
         waits = [self.consumed[k - self.R] for k in range(k0, k1) if k >= self.R]
         d = w.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), w.costs.blob(l), k1 - k0,
                            waits=waits)
