@@ -61,11 +61,13 @@ EMULATED_COPY_US = 7.0
 # stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
 # prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
+ONE_METER = dict(layer_meters=False)   # before auto's meter per layer (stop 23)
 ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
-                         **OLD_COPIES),
-           "stop19": dict(routed_slots=32, veto=False, **OLD_COPIES),
-           "stop20": dict(veto=False, **OLD_COPIES),
-           "stop21": dict(OLD_COPIES)}
+                         **OLD_COPIES, **ONE_METER),
+           "stop19": dict(routed_slots=32, veto=False, **OLD_COPIES, **ONE_METER),
+           "stop20": dict(veto=False, **OLD_COPIES, **ONE_METER),
+           "stop21": dict(OLD_COPIES, **ONE_METER),
+           "stop22": dict(ONE_METER)}
 
 
 @contextlib.contextmanager
@@ -143,6 +145,9 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     out = {}
     waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
 
+    def session_of(run):   # a fresh policy of the run's engine, the walk choice's state shared
+        return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters), waste=waste)
+
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
         return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
@@ -155,7 +160,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     cfgs.setdefault("off", setting_config("off"))
     for L in lengths:
         warm = run_of("off", L)
-        prefill(warm, Session(share_policy(warm.share, warm.gated, veto=warm.veto), waste=waste))
+        prefill(warm, session_of(warm))
     for n in names:
         session = None
         for _ in range(2 if n == "auto" else 1):
@@ -163,7 +168,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
                 # the bench times each prompt with the previous prompt's loan refilled (bench/cpu_share.py)
                 run = run_of(n, L)
                 if session is None or n != "auto":   # one engine ran every setting: one walk choice state
-                    session = Session(share_policy(run.share, run.gated, veto=run.veto), waste=waste)
+                    session = session_of(run)
                 out[(L, n)] = prefill(run, session).prompt_ms
         if n == "auto":
             out["auto_share"] = {c: p.meter.share for c, p in session.policy.by_class.items() if p.gate.layers}

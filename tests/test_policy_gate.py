@@ -242,3 +242,32 @@ def test_without_the_veto_the_gate_alone_decides():
     got = _drive(old, [600] * 40, wall, cpu_ms=30.0, gpu_ms=2.0)
     assert old.current.meter.below_floor
     assert sum(arm for _, _, arm, _ in got[40:]) > 0.9 * len(got[40:])
+
+
+def test_each_layer_shares_by_its_own_meter():
+    """Ours (stop 23): a layer whose CPU experts cost more takes a smaller share once it has sampled; a layer not
+    yet sampled shares by the meter of every layer; layer_meters=False keeps one share for all (stored runs)."""
+    from strata.policy import Share, ShareMode, share_policy
+
+    def drive(pol):
+        for l in range(4):
+            assert pol.begin_layer(l)
+            pol.readings(3.0 if pol.wants().gpu else None, None)     # 30 streamed experts, 0.1 ms each
+            # layers 0-1: 1 ms a CPU expert; layers 2-3: 0.1 ms; the GPU 0.1 ms a streamed expert
+            pol.end_layer(LayerEnd(l, 40, 10, cpu_ms=10.0 if l < 2 else 1.0))
+        pol.begin_layer(4)
+        pol.readings(3.0, None)       # layer 3's window
+
+    per_layer = share_policy(Share(ShareMode.AUTO), gated=False)
+    drive(per_layer)
+    assert per_layer.meter_of(0).share == pytest.approx(0.1 / 1.1)        # g / (c + g) of layer 0 alone
+    assert per_layer.meter_of(3).share == pytest.approx(0.5)
+    per_layer.begin_layer(3)
+    assert per_layer.share(True) == pytest.approx(0.5)
+    per_layer.begin_layer(7)                                            # never sampled: every layer's meter
+    assert per_layer.share(True) == pytest.approx(per_layer.meter.share)
+    assert per_layer.meter.share < 0.5                                 # (layers 0-1 pulled it down)
+    one = share_policy(Share(ShareMode.AUTO), gated=False, layer_meters=False)
+    drive(one)
+    one.begin_layer(3)
+    assert one.share(True) == pytest.approx(per_layer.meter.share) and one.layer_meters is None

@@ -11,19 +11,34 @@ from .share import SHARE_POLICIES, LayerEnd, SharePolicy, ShareKind, Wanted
 
 @SHARE_POLICIES.register(ShareKind.AUTO_UNGATED)
 class MeteredShare(SharePolicy):
-    """The meter's share on every eligible layer (what auto did before the gate)."""
+    """The meter's share on every eligible layer (what auto did before the gate). With `layer_meters` (ours) each
+    layer keeps a meter of its own samples too and shares by it once sampled: an expert's CPU cost moves with the
+    layer, as its least-routed experts hold more or fewer tokens (flash-shape, 1,000 tokens: 1.5-2 tokens a CPU
+    expert in layers 0-3, 1 in layers 4-7), and one share for all put layers 0-3's CPU past the GPU while layers
+    4-7 took too little (the simulator, share_f_full_stop22b's routing; on the H200, 14 workers, auto with layer
+    meters -12.6 / -7.5 / -7.3% at 250 / 512 / 1,000 tokens where one meter made -2.4 / -4.0 / -1.8%:
+    diag_share_w14_stop23.log). `meter` takes every layer's samples: a new layer's share, the floor veto's balance
+    and the class's summary."""
 
     kind = ShareKind.AUTO_UNGATED
 
-    def __init__(self, meter: ShareMeter | None = None):
+    def __init__(self, meter: ShareMeter | None = None, layer_meters: bool = True):
         self.meter = meter or ShareMeter()
+        self.layer_meters: dict[int, ShareMeter] | None = {} if layer_meters else None   # layer -> its own
+        self._layer: int | None = None
         self._sample: MeterSample | None = None
 
+    def meter_of(self, layer: int | None) -> ShareMeter:
+        """The meter that sets `layer`'s share: its own once sampled, else the one of every layer."""
+        own = self.layer_meters.get(layer) if self.layer_meters is not None else None
+        return own if own is not None else self.meter
+
     def begin_layer(self, layer: int) -> bool:
+        self._layer = layer
         return True
 
     def share(self, arm: bool) -> float:
-        return self.meter.share if arm else 0.0
+        return self.meter_of(self._layer).share if arm else 0.0
 
     def end_layer(self, end: LayerEnd) -> Wanted:
         assert self._sample is None, "read the previous layer's timings at this layer's routing sync first"
@@ -39,7 +54,11 @@ class MeteredShare(SharePolicy):
         if self._sample is not None:
             assert gpu_ms is not None, "the meter's window was pending but no time was given"
             s, self._sample = self._sample, None
-            self.folded = s.line(gpu_ms, self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu))
+            share = self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
+            if self.layer_meters is not None:
+                share = self.layer_meters.setdefault(s.layer, ShareMeter(self.meter.alpha)).sample(
+                    s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
+            self.folded = s.line(gpu_ms, share)
         return None
 
 
@@ -49,17 +68,21 @@ class GatedShare(MeteredShare):
     balance lies under its floor, a share arm runs unshared (nothing taken: the gate skips it) except one in
     PROBE, which keeps the meter sampling. There the meter's own model says sharing loses, by more as the CPU
     falls behind (a one-worker pool on the H200: +19-37% a shared layer, bench/results/h200/share_arms_*), and
-    the gate's ratios of a few percent's noise let a shared verdict stand for many chunks (gate_w1_stop19.log)."""
+    the gate's ratios of a few percent's noise let a shared verdict stand for many chunks (gate_w1_stop19.log).
+    The veto reads the meter of every layer (can the CPU keep up at all?), so one probe's sample lifts it for all
+    layers once the CPU catches up; a layer's own meter sets how much it takes."""
 
     kind = ShareKind.AUTO_ONE
 
-    def __init__(self, meter: ShareMeter | None = None, gate: CpuGate | None = None, veto: bool = True):
-        super().__init__(meter)
+    def __init__(self, meter: ShareMeter | None = None, gate: CpuGate | None = None, veto: bool = True,
+                 layer_meters: bool = True):
+        super().__init__(meter, layer_meters)
         self.gate = gate or CpuGate()
         self.veto = veto         # False: the gate alone (the engine before 67e7045, SPEC §6 as written)
         self.vetoed = 0          # share arms the floor veto held back
 
     def begin_layer(self, layer: int) -> bool:
+        self._layer = layer
         arm = self.gate.begin_layer(layer)
         if arm and self.veto and self.meter.below_floor:
             self.vetoed += 1
@@ -110,16 +133,17 @@ class SizedShare(SharePolicy):
 
     kind = ShareKind.AUTO
 
-    def __init__(self, veto: bool = True):
+    def __init__(self, veto: bool = True, layer_meters: bool = True):
         self.by_class: dict[int, GatedShare] = {}
-        self.veto = veto
-        self.current = GatedShare(veto=veto)    # until the first begin_chunk (a caller that never sizes: one class)
+        self.veto, self.layer_meters = veto, layer_meters
+        # until the first begin_chunk (a caller that never sizes: one class)
+        self.current = GatedShare(veto=veto, layer_meters=layer_meters)
         self._owner: GatedShare | None = None   # the class whose windows are pending
 
     def _class(self, c: int) -> GatedShare:
         got = self.by_class.get(c)
         if got is None:
-            got = self.by_class[c] = GatedShare(veto=self.veto)
+            got = self.by_class[c] = GatedShare(veto=self.veto, layer_meters=self.layer_meters)
         return got
 
     @property
@@ -158,14 +182,16 @@ class SizedShare(SharePolicy):
         return r
 
 
-def share_policy(share: Share, gated: bool = True, sized: bool = True, veto: bool = True) -> SharePolicy:
+def share_policy(share: Share, gated: bool = True, sized: bool = True, veto: bool = True,
+                 layer_meters: bool = True) -> SharePolicy:
     """The strategy for a resolved share (``gated=False`` reproduces auto before the gate, ``sized=False``
-    auto with one meter and gate for every size, ``veto=False`` auto before the floor veto: for studies and for
-    replaying stored runs)."""
+    auto with one meter and gate for every size, ``veto=False`` auto before the floor veto, ``layer_meters=False``
+    auto with one meter for every layer of a class: for studies and for replaying stored runs)."""
     if share.mode is ShareMode.OFF:
         return SHARE_POLICIES.create(ShareKind.OFF)
     if share.mode is ShareMode.FIXED:
         return SHARE_POLICIES.create(ShareKind.FIXED, share.fraction)
     if not gated:
-        return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED)
-    return SHARE_POLICIES.create(ShareKind.AUTO if sized else ShareKind.AUTO_ONE, veto=veto)
+        return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED, layer_meters=layer_meters)
+    return SHARE_POLICIES.create(ShareKind.AUTO if sized else ShareKind.AUTO_ONE, veto=veto,
+                                 layer_meters=layer_meters)
