@@ -15,10 +15,10 @@ class MeteredShare(SharePolicy):
     layer keeps a meter of its own samples too and shares by it once sampled: an expert's CPU cost moves with the
     layer, as its least-routed experts hold more or fewer tokens (flash-shape, 1,000 tokens: 1.5-2 tokens a CPU
     expert in layers 0-3, 1 in layers 4-7), and one share for all put layers 0-3's CPU past the GPU while layers
-    4-7 took too little (the simulator, share_f_full_stop22b's routing; on the H200, 14 workers, auto with layer
-    meters -12.6 / -7.5 / -7.3% at 250 / 512 / 1,000 tokens where one meter made -2.4 / -4.0 / -1.8%:
-    diag_share_w14_stop23.log). `meter` takes every layer's samples: a new layer's share, the floor veto's balance
-    and the class's summary."""
+    4-7 took too little (the simulator, share_f_full_stop22b's routing; on the H200, 14 workers, side by side,
+    layer meters -12.6 / -7.5 / -7.3% at 250 / 512 / 1,000 tokens where one meter made -2.4 / -4.0 / -1.8%:
+    bench/results/h200/share_layers_w14_stop23.log). `meter` takes every layer's samples: a new layer's share,
+    the floor veto's balance and the class's summary."""
 
     kind = ShareKind.AUTO_UNGATED
 

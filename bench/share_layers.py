@@ -1,0 +1,154 @@
+"""Diagnostic: where the prefill CPU share gains or loses, layer by layer. CUDA only.
+
+python bench/share_layers.py --model X.gguf [--workers 2] [--prompts 250,512,900,1000] [--rounds 8]
+                             [--warm 6] [--fixed 0.08] [--ctx 2064] [--lines gate_lines.log]
+
+One engine, interleaved rounds (the order reversed every other round) of off, the fixed shares, auto with one
+meter for every layer of a size class (share_policy(layer_meters=False): the engine up to stop 22) and auto with
+a meter per layer (today's). Per length: the prompts' wall ms (medians; side by side over the round's off); per
+setting and layer, the MoE block's device time (events on the compute stream around GpuEngine.moe, the first
+chunk's layers), the CPU experts and the pool's ms. With STRATA_DBG_CPU_GATE=1 the meter and gate lines, tagged
+with round, setting and length, go to --lines. Every setting runs --warm rounds first (SPEC §6: auto's state
+persists across requests). --ctx is the plan's context, as bench/cpu_share.py's (2,048 + 16): the chunk follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--prompts", default="250,512,900,1000")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warm", type=int, default=6)
+    ap.add_argument("--fixed", default="0.08", help="fixed shares to run beside off and the two autos")
+    ap.add_argument("--ctx", type=int, default=2064, help="the plan's context (bench/cpu_share.py: 2,048 + 16)")
+    ap.add_argument("--cache-frac", type=float, default=0.25)
+    ap.add_argument("--lines", help="file for the STRATA_DBG_CPU_GATE lines")
+    a = ap.parse_args()
+    from strata import models, policy
+    from strata.accel.arena import Arena
+    from strata.accel.cpu.pool import ExpertPool
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import budget_holding
+    from strata.policy import Share, ShareMode, share_policy
+
+    lengths = [int(x) for x in a.prompts.split(",")]
+    m = models.load(a.model)
+    c = m.cfg
+    dev = CudaDevice()
+    budget = budget_holding(m, a.ctx, int(a.cache_frac * c.n_layer * c.n_expert))
+    lines, tag = [], ["warm"]
+
+    def log(s):
+        if s.startswith("cpu "):
+            lines.append(f"[{tag[0]}] {s}")
+        else:
+            print(s, file=sys.stderr)
+
+    arena = Arena(m, dev, log=log)
+    eng = GpuEngine(m, dev, n_ctx=a.ctx, vram_budget=budget, config=policy.from_process(), log=log, arena=arena,
+                    pool=ExpertPool(workers=a.workers))
+    eng.cpu_block.log = log
+    auto = Share(ShareMode.AUTO, by_default=True)
+    settings = ([("off", Share(ShareMode.OFF), None)]
+                + [(x, Share(ShareMode.FIXED, float(x)), None) for x in a.fixed.split(",") if x]
+                + [("auto-one", auto, share_policy(auto, layer_meters=False)),
+                   ("auto", auto, share_policy(auto, layer_meters=True))])
+    pols = {n: eng.use_share(sh, p) for n, sh, p in settings}
+    ends, marks = [], []
+    for n, pol in pols.items():          # each layer's end as the policy sees it: nstream, CPU experts, CPU ms
+        def end_layer(end, _orig=pol.end_layer):
+            ends.append(end)
+            return _orig(end)
+        pol.end_layer = end_layer
+    block = eng.ops.moe
+
+    def timed_moe(h, layer, ids, w):
+        e0, e1 = dev.event(), dev.event()
+        e0.record(dev.compute)
+        out = block(h, layer, ids, w)
+        e1.record(dev.compute)
+        marks.append((layer, e0, e1))
+        return out
+    eng.ops.moe = timed_moe
+
+    def prompt(name, share, ids):
+        eng.use_share(share, pols[name])
+        eng.reset()
+        dev.synchronize()
+        eng.cache.poll()           # the previous prompt's loan refilled (bench/cpu_share.py's settle)
+        marks.clear()
+        ends.clear()
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        ms = (time.perf_counter() - t0) * 1e3
+        dev.synchronize()
+        moe = {}
+        for layer, e0, e1 in marks:
+            moe.setdefault(layer, e0.elapsed_ms(e1))     # the first chunk's
+        return ms, moe, list(ends)
+
+    rng = np.random.default_rng(1)
+    for _ in range(a.warm):
+        for L in lengths:
+            ids = rng.integers(0, c.n_vocab, L).tolist()
+            for name, share, _ in settings:
+                prompt(name, share, ids)
+    res = {(L, n): [] for L in lengths for n, _, _ in settings}
+    for r in range(a.rounds):
+        for L in lengths:
+            ids = rng.integers(0, c.n_vocab, L).tolist()
+            for name, share, _ in (settings if r % 2 == 0 else settings[::-1]):
+                tag[0] = f"r{r} {name} {L}"
+                res[(L, name)].append(prompt(name, share, ids))
+    print(f"{a.model}: {a.workers} pool workers, chunk {eng.plan.chunk}, quarter cache {eng.plan.cache_slots} slots; "
+          f"{a.warm} warm-up rounds, medians of {a.rounds}")
+    med = statistics.median
+    for L in lengths:
+        off = [x[0] for x in res[(L, "off")]]
+        print(f"\n{L} tokens, prompt ms: " + ", ".join(
+            f"{n} {med([x[0] for x in res[(L, n)]]):.1f}"
+            + ("" if n == "off" else f" ({100 * med([x[0] / o - 1 for x, o in zip(res[(L, n)], off)]):+.1f}% sbs)")
+            for n, _, _ in settings))
+        for n, _, _ in settings:
+            rows = res[(L, n)]
+            layers = sorted(rows[0][1])
+            moe = [med([r[1][l] for r in rows]) for l in layers]
+            print(f"  {n:>8} MoE ms  " + " ".join(f"{x:6.2f}" for x in moe) + f"  sum {sum(moe):.1f}")
+            if n == "off":
+                continue
+            by = {}
+            for r in rows:
+                for e in r[2]:
+                    by.setdefault(e.layer, []).append(e)
+            for what, key, fmt in (("CPU exp", "n_cpu", "6.1f"), ("CPU ms ", "cpu_ms", "6.2f")):
+                vals = [statistics.mean(getattr(e, key) for e in by[l]) if l in by else 0.0 for l in layers]
+                print(f"  {n:>8} {what} " + " ".join(f"{v:{fmt}}" for v in vals))
+    for n in ("auto-one", "auto"):
+        for cl, g in sorted(pols[n].by_class.items()):
+            own = "" if not g.layer_meters else ", layers' shares " + " ".join(
+                f"{l}:{lm.share:.3f}" for l, lm in sorted(g.layer_meters.items()))
+            bal = "none" if g.meter.balance is None else f"{g.meter.balance:.3f}"
+            print(f"{n} class {cl}: meter share {g.meter.share:.3f} (balance {bal}, {g.vetoed} vetoed), gate "
+                  f"{'share' if g.gate.gate else 'do not share'} (ratios "
+                  + " ".join(f"{x:.3f}" for x in g.gate.ratios) + f"){own}")
+    if a.lines:
+        with open(a.lines, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
