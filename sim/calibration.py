@@ -24,6 +24,7 @@ class Calib:
     pin_us_per_mib: float  # cudaHostAlloc/grow of a pinned buffer
     pool_dispatch_us: float  # CPU thread launch + join
     cpu_job_us: float  # per CPU expert job (barriers, activation quantisation)
+    pool_crowded_factor: float  # a probed pool's cost in a prompt over its probe's, when it fills the machine
     cpu_cycles_per_weight: Mapping[str, float]  # unpack cost per weight by type family (AVX-512 widths)
     cpu_cycles_per_mac: float  # per weight per token (AVX-512 widths)
     cpu_token_curve: Mapping[str, tuple[float, ...]]  # family -> measured cost(t) / cost(1), t = 1..8 (else linear)

@@ -65,6 +65,10 @@ class Costs:
         roles = ("exp_gate", "exp_up", "exp_down")
         self._probed = [probe is not None and probe.types == tuple(TYPE_NAME[s.type_of(r, l)] for r in roles)
                         for l in range(L)]
+        # a pool that fills every core beside the engine thread and the driver's runs slower in a prompt than in
+        # its probe, where the engine thread idles (the H200's 14 of 16: x1.1, catalogue calib.pool_crowded_factor)
+        crowded = machine.pool_workers + 2 >= machine.cpu.threads
+        self.crowded = calib.pool_crowded_factor if crowded else 1.0
         # kernels a matrix pass takes: gate|up is one [2F, D] matrix when both have one type (moe.py), then down
         self._mats = [2 if s.type_of("exp_gate", l) == s.type_of("exp_up", l) else 3 for l in range(L)]
         self._body: dict[tuple[int, int], float] = {}
@@ -226,7 +230,7 @@ class Costs:
         unpack once (gate+up are 2/3 of the weights), one multiply-accumulate per weight per token, split across
         the workers at their clock; at least the blob's DRAM read at the workers' bandwidth."""
         if self._probed[layer]:
-            return self.probe.us_per_expert[min(nt, len(self.probe.us_per_expert)) - 1]
+            return self.crowded * self.probe.us_per_expert[min(nt, len(self.probe.us_per_expert)) - 1]
         key = (layer, nt)
         if key not in self._cpu:
             c, cal = self.machine.cpu, self.calib

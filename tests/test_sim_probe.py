@@ -78,9 +78,23 @@ def _flash(layers: int = 4):
 
 
 def _modelled(costs: Costs, workers: int) -> PoolProbe:
-    """A probe that measured exactly what the catalogue's pool model gives."""
-    us = tuple(costs.cpu_expert_us(0, t) for t in range(1, 9))
+    """A probe that measured, outside a prompt, what the catalogue's pool model gives inside one (a crowded pool's
+    probe reads its in-prompt cost over calib.pool_crowded_factor)."""
+    us = tuple(costs.cpu_expert_us(0, t) / costs.crowded for t in range(1, 9))
     return PoolProbe(FLASH, us, costs.calib.pool_dispatch_us, workers)
+
+
+@pytest.mark.parametrize("workers, factor", [(14, 1.1), (15, 1.1), (13, 1.0), (2, 1.0)])
+def test_a_pool_that_fills_the_host_costs_more_in_a_prompt_than_its_probe(workers, factor):
+    """The H200 host's 16 cores: 14 workers, the engine thread and the driver fill them, and the pool runs its
+    experts 1.1x slower in a prompt than in its probe (catalogue calib.pool_crowded_factor); 13 or 2 do not."""
+    m = _flash()
+    mach = dataclasses.replace(machine("h200-host16"), pool_workers=workers)
+    probe = PoolProbe(FLASH, tuple(100.0 + 10 * t for t in range(1, 9)), 25.0, workers)
+    c = Costs(mach, m, probe=probe)
+    assert c.crowded == factor
+    assert [c.cpu_expert_us(2, t) for t in range(1, 9)] == pytest.approx([factor * u for u in probe.us_per_expert])
+    assert c.cpu_pool_us(2, [1]) == pytest.approx(25.0 + factor * 110.0)     # the batch's fixed part is as probed
 
 
 def test_a_probe_replaces_the_pool_model_for_its_types():
