@@ -61,13 +61,16 @@ EMULATED_COPY_US = 7.0
 # stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
 # prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
-ONE_METER = dict(layer_meters=False)   # before auto's meter per layer (stop 23)
+# before auto's meter per layer (78d1d29, stop 23) and before a new size class's meter started from the last one's
+UNSEEDED = dict(class_seed=False)
+ONE_METER = dict(layer_meters=False, **UNSEEDED)
 ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
                          **OLD_COPIES, **ONE_METER),
            "stop19": dict(routed_slots=32, veto=False, **OLD_COPIES, **ONE_METER),
            "stop20": dict(veto=False, **OLD_COPIES, **ONE_METER),
            "stop21": dict(OLD_COPIES, **ONE_METER),
-           "stop22": dict(ONE_METER)}
+           "stop22": dict(ONE_METER),
+           "stop23": dict(UNSEEDED)}   # stop 23's runs at 52e907c
 
 
 @contextlib.contextmanager
@@ -146,7 +149,8 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
 
     def session_of(run):   # a fresh policy of the run's engine, the walk choice's state shared
-        return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters), waste=waste)
+        return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
+                                    class_seed=run.class_seed), waste=waste)
 
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
@@ -292,7 +296,8 @@ def main():
     ap.add_argument("--routed-group", type=int, help="the run's routed-only launch group (8 before b1162ae, stop 18; "
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
-                    "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's)")
+                    "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
+                    "stop22, stop23: those stops' runs)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool and the link by the catalogue even where "
                     "the JSON holds the run's pool_probe and h2d_probe_gbps")
     a = ap.parse_args()

@@ -271,3 +271,26 @@ def test_each_layer_shares_by_its_own_meter():
     drive(one)
     one.begin_layer(3)
     assert one.share(True) == pytest.approx(per_layer.meter.share) and one.layer_meters is None
+
+
+def test_a_new_size_class_starts_from_the_last_classs_meter():
+    """Ours (stop 23): a size class met for the first time starts its meter where the last class's stands (the
+    CPU's and the GPU's cost an expert carry across sizes), not at 0.5; its gate starts afresh; the very first
+    class, with nothing to start from, starts at SPEC §5's 0.5."""
+    from strata.policy import SizedShare
+
+    pol = SizedShare()
+    _drive(pol, [250] * 3, lambda t, shared: 10.0, cpu_ms=8.0, gpu_ms=2.0)
+    small = pol.by_class[size_class(250)]
+    assert small.meter.c_avg is not None and small.meter.share < 0.5
+    pol.begin_chunk(1000)
+    big = pol.current
+    assert big is not small and big.gate.layers == 0 and not big.gate.ratios
+    assert (big.meter.c_avg, big.meter.g_avg, big.meter.share) == (small.meter.c_avg, small.meter.g_avg,
+                                                                     small.meter.share)
+    assert big.meter is not small.meter
+    big.begin_layer(0)
+    assert big.share(True) == pytest.approx(small.meter.share)     # not 0.5
+    fresh = SizedShare()
+    fresh.begin_chunk(250)
+    assert fresh.current.meter.c_avg is None and fresh.current.meter.share == 0.5

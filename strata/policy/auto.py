@@ -133,9 +133,9 @@ class SizedShare(SharePolicy):
 
     kind = ShareKind.AUTO
 
-    def __init__(self, veto: bool = True, layer_meters: bool = True):
+    def __init__(self, veto: bool = True, layer_meters: bool = True, class_seed: bool = True):
         self.by_class: dict[int, GatedShare] = {}
-        self.veto, self.layer_meters = veto, layer_meters
+        self.veto, self.layer_meters, self.class_seed = veto, layer_meters, class_seed
         # until the first begin_chunk (a caller that never sizes: one class)
         self.current = GatedShare(veto=veto, layer_meters=layer_meters)
         self._owner: GatedShare | None = None   # the class whose windows are pending
@@ -143,7 +143,12 @@ class SizedShare(SharePolicy):
     def _class(self, c: int) -> GatedShare:
         got = self.by_class.get(c)
         if got is None:
-            got = self.by_class[c] = GatedShare(veto=self.veto, layer_meters=self.layer_meters)
+            # a new class's meter starts where the last class's stands, not at SPEC §5's 0.5 (ours): what an
+            # expert costs either side carries across sizes, and a fresh 0.5 on a slow pool made each class's first
+            # prompt 1.9-2.8x off's (2 workers on the H200: share_f_full_stop23b.log, auto's first prompts)
+            seed = self.current.meter if self.class_seed and self.current.meter.c_avg is not None else None
+            got = self.by_class[c] = GatedShare(seed.copy() if seed else None, veto=self.veto,
+                                                layer_meters=self.layer_meters)
         return got
 
     @property
@@ -183,15 +188,17 @@ class SizedShare(SharePolicy):
 
 
 def share_policy(share: Share, gated: bool = True, sized: bool = True, veto: bool = True,
-                 layer_meters: bool = True) -> SharePolicy:
+                 layer_meters: bool = True, class_seed: bool = True) -> SharePolicy:
     """The strategy for a resolved share (``gated=False`` reproduces auto before the gate, ``sized=False``
     auto with one meter and gate for every size, ``veto=False`` auto before the floor veto, ``layer_meters=False``
-    auto with one meter for every layer of a class: for studies and for replaying stored runs)."""
+    auto with one meter for every layer of a class, ``class_seed=False`` each class's meter from 0.5: for studies and
+    for replaying stored runs)."""
     if share.mode is ShareMode.OFF:
         return SHARE_POLICIES.create(ShareKind.OFF)
     if share.mode is ShareMode.FIXED:
         return SHARE_POLICIES.create(ShareKind.FIXED, share.fraction)
     if not gated:
         return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED, layer_meters=layer_meters)
-    return SHARE_POLICIES.create(ShareKind.AUTO if sized else ShareKind.AUTO_ONE, veto=veto,
-                                 layer_meters=layer_meters)
+    if not sized:
+        return SHARE_POLICIES.create(ShareKind.AUTO_ONE, veto=veto, layer_meters=layer_meters)
+    return SHARE_POLICIES.create(ShareKind.AUTO, veto=veto, layer_meters=layer_meters, class_seed=class_seed)

@@ -42,6 +42,12 @@ class ShareMeter:
         self.c_avg: float | None = None  # ms per CPU expert
         self.g_avg: float | None = None  # ms per GPU-streamed expert
 
+    def copy(self) -> "ShareMeter":
+        """A meter that starts from this one's averages and share."""
+        got = ShareMeter(self.alpha, self.share)
+        got.c_avg, got.g_avg = self.c_avg, self.g_avg
+        return got
+
     @property
     def balance(self) -> float | None:
         """g / (c + g) before the clamp, where both sides would end together (None before the first sample)."""
