@@ -7,7 +7,9 @@ One engine, interleaved rounds (the order reversed every other round) of off, th
 meter for every layer of a size class (share_policy(layer_meters=False): the engine up to stop 22) and auto with
 a meter per layer (today's). Per length: the prompts' wall ms (medians; side by side over the round's off); per
 setting and layer, the MoE block's device time (events on the compute stream around GpuEngine.moe, the first
-chunk's layers), the CPU experts and the pool's ms. With STRATA_DBG_CPU_GATE=1 the meter and gate lines, tagged
+chunk's layers) and its parts: up to the routing sync's event (the previous shared layer's settle, the input's
+copy to the host), from there to the combine (the gate's window less that copy: layout, experts, the wait for the
+pool, its rows), the combine; then the CPU experts and the pool's ms. With STRATA_DBG_CPU_GATE=1 the meter and gate lines, tagged
 with round, setting and length, go to --lines. Every setting runs --warm rounds first (SPEC §6: auto's state
 persists across requests). --ctx is the plan's context, as bench/cpu_share.py's (2,048 + 16): the chunk follows.
 """
@@ -74,16 +76,30 @@ def main():
             ends.append(end)
             return _orig(end)
         pol.end_layer = end_layer
-    block = eng.ops.moe
+    block, sync_record, combine = eng.ops.moe, eng.sync_ev.record, eng.k.combine
+    stamps: list = []     # the current block's events: at its start, at the routing sync, before the combine
+
+    def stamp():
+        ev = dev.event()
+        ev.record(dev.compute)
+        stamps.append(ev)
+
+    def at_sync(stream):            # GpuEngine.moe records its routing-sync event once a block
+        stamp()
+        sync_record(stream)
+
+    def before_combine(*args, **kw):
+        stamp()
+        combine(*args, **kw)
 
     def timed_moe(h, layer, ids, w):
-        e0, e1 = dev.event(), dev.event()
-        e0.record(dev.compute)
+        stamps.clear()
+        stamp()
         out = block(h, layer, ids, w)
-        e1.record(dev.compute)
-        marks.append((layer, e0, e1))
+        stamp()
+        marks.append((layer, *stamps))   # (layer, start, sync, combine, end)
         return out
-    eng.ops.moe = timed_moe
+    eng.ops.moe, eng.sync_ev.record, eng.k.combine = timed_moe, at_sync, before_combine
 
     def prompt(name, share, ids):
         eng.use_share(share, pols[name])
@@ -97,8 +113,8 @@ def main():
         ms = (time.perf_counter() - t0) * 1e3
         dev.synchronize()
         moe = {}
-        for layer, e0, e1 in marks:
-            moe.setdefault(layer, e0.elapsed_ms(e1))     # the first chunk's
+        for layer, e0, es, ec, e1 in marks:              # the first chunk's: whole block, then its three parts
+            moe.setdefault(layer, (e0.elapsed_ms(e1), e0.elapsed_ms(es), es.elapsed_ms(ec), ec.elapsed_ms(e1)))
         return ms, moe, list(ends)
 
     rng = np.random.default_rng(1)
@@ -126,8 +142,9 @@ def main():
         for n, _, _ in settings:
             rows = res[(L, n)]
             layers = sorted(rows[0][1])
-            moe = [med([r[1][l] for r in rows]) for l in layers]
-            print(f"  {n:>8} MoE ms  " + " ".join(f"{x:6.2f}" for x in moe) + f"  sum {sum(moe):.1f}")
+            for part, what in enumerate(("MoE ms ", "to sync", "sync-cb", "combine")):
+                v = [med([r[1][l][part] for r in rows]) for l in layers]
+                print(f"  {n:>8} {what} " + " ".join(f"{x:6.2f}" for x in v) + f"  sum {sum(v):.1f}")
             if n == "off":
                 continue
             by = {}
