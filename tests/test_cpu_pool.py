@@ -186,6 +186,35 @@ def test_workers_doze_before_they_park():
         assert S.ctl_load(pool._ctl, S.NPARKED) == 2
 
 
+def test_rouse_wakes_parked_workers_ahead_of_a_batch():
+    """rouse() brings parked workers back to spinning and dozing (no batch needed), so the next batch finds them
+    awake; they park again once the doze window runs out, and a rouse with nobody parked does nothing."""
+    from strata.accel.cpu import _sched as S
+
+    rng = np.random.default_rng(9)
+    blob, types = _expert(rng)
+    x = rng.standard_normal((1, D)).astype(np.float32)
+
+    def parked(pool, want, within=5.0):
+        deadline = time.perf_counter() + within
+        while S.ctl_load(pool._ctl, S.NPARKED) != want and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        return S.ctl_load(pool._ctl, S.NPARKED) == want
+
+    with _pool(2, spin_us=500, doze_ms=300) as pool:
+        pool.run([ExpertJob(blob, types, D, F, x, np.empty_like(x))])
+        assert parked(pool, 2)                             # past spin and doze: parked in Python
+        time.sleep(0.05)
+        assert S.ctl_load(pool._ctl, S.NPARKED) == 2       # and they stay parked without a rouse
+        pool.rouse()
+        assert parked(pool, 0, within=1.0)                 # awake again, dozing
+        out = np.empty_like(x)
+        pool.run([ExpertJob(blob, types, D, F, x, out)])
+        assert np.array_equal(out, _ref_expert(blob, types, x))
+        pool.rouse()                                       # nobody parked: nothing to do
+        assert parked(pool, 2)                             # the doze window ran out again
+
+
 def test_submit_then_wait():
     """submit publishes and returns; the workers alone compute; wait returns the batch's wall ms."""
     rng = np.random.default_rng(8)

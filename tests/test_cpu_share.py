@@ -174,3 +174,20 @@ def test_a_chunk_kept_off_stream_all_does_not_share(pool):
     finally:
         dev.close()
     assert "routed-only" in walks and e.cpu_block.stats["cpu_experts"] == 0, (walks, e.cpu_block.stats)
+
+
+@pytest.mark.parametrize("share, roused", [(0.3, 1), (0.0, 0)])
+def test_a_prompt_that_may_share_rouses_the_pool_first(share, roused, pool, monkeypatch):
+    """A prompt whose share is on wakes the pool's parked workers before its first layer (ExpertPool.rouse); with the
+    share off it leaves them be."""
+    m = models.load(golden.model_path(NAMES[0]))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
+    calls = []
+    monkeypatch.setattr(pool, "rouse", lambda: calls.append(len(calls)))
+    dev = make_device("host")
+    try:
+        e = _engine(m, dev, pool, share, m.cfg.n_layer * m.cfg.n_expert // 4)
+        e.prefill(ids)
+    finally:
+        dev.close()
+    assert len(calls) == roused

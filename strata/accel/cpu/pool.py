@@ -212,6 +212,7 @@ class ExpertPool:
         self._submitted = False
         self._run_lock = threading.Lock()
         self._cv = threading.Condition()
+        self._roused = 0                 # rouse() calls: a parked worker wakes on a new batch or a new rouse
         self._done = threading.Event()
         self._closed = False
         self._threads = [threading.Thread(target=self._worker, name=f"strata-pool-{i}", daemon=True)
@@ -228,7 +229,9 @@ class ExpertPool:
                 return
             if st == S.ST_PARK:
                 with self._cv:
-                    while S.ctl_load(ctl, S.EPOCH) == last and S.ctl_load(ctl, S.SHUTDOWN) == 0:
+                    roused = self._roused
+                    while (S.ctl_load(ctl, S.EPOCH) == last and S.ctl_load(ctl, S.SHUTDOWN) == 0
+                           and self._roused == roused):
                         self._cv.wait()
                 S.ctl_add(ctl, S.NPARKED, -1)
             elif st == S.ST_BLOCKED:  # a dependency is slow (or its thread descheduled): give the core away
@@ -266,6 +269,16 @@ class ExpertPool:
             self._run_lock.release()
             raise
         self._submitted = True
+
+    def rouse(self) -> None:
+        """Wake the parked workers ahead of a batch to come: they spin and doze again (spin_us, doze_ms) and take it
+        at once. A parked worker needs the GIL to wake, which an engine thread issuing GPU work holds for up to
+        Python's switch interval (5 ms) after it publishes (bench/pool_wake.py); roused before, the worker gets it
+        while that thread waits in a blocking call (the routing sync)."""
+        if S.ctl_load(self._ctl, S.NPARKED) > 0:
+            with self._cv:
+                self._roused += 1
+                self._cv.notify_all()
 
     @property
     def control_words(self) -> np.ndarray:
