@@ -175,9 +175,8 @@ class GpuEngine:
         t0 = time.perf_counter()
         layout, ring, loan, group = self.plan.for_prompt(self.config, self.share, len(tokens))
         if self.cpu_block is not None and self.share.on:
-            # parked workers need the GIL to wake, which this thread holds while it issues a layer's GPU work after
-            # publishing the share's batch (up to Python's 5 ms switch interval, bench/pool_wake.py): woken now, they
-            # take it in the blocking calls before the first layer's batch (the loan's synchronize, the routing sync)
+            # a parked worker needs the GIL to wake, which this thread holds while it issues after publishing a batch
+            # (bench/pool_wake.py): woken now, workers take it in the blocking calls before the first layer's batch
             self.pool.rouse()
         region = self._lend(loan)
         self.stats.loan_slots = loan
