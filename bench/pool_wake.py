@@ -8,9 +8,10 @@ Per round, interleaved (the order alternating), each after an idle spell longer 
            GpuEngine.moe does after CpuBlock.launch), then waits for the batch
   roused   ExpertPool.rouse() first, then a blocking call of 1 ms that releases the GIL (the routing sync), then
            as parked
-  awake    a batch right after another (the workers spinning): the floor
+  awake    a batch right after another (the workers spinning; its core also warm, which the two cases after an
+           idle spell are not, so it is no floor for them)
 Prints per case the batch's wall ms (publication to last tile, ExpertPool.wait) as medians, and roused / parked
-side by side per round.
+side by side per round: the comparison that holds the idle spell the same.
 """
 
 from __future__ import annotations
@@ -58,10 +59,8 @@ def main():
 
     def hold(ms):                       # Python work that keeps the GIL, as the engine thread's launches do
         t_end = time.perf_counter() + ms / 1e3
-        n = 0
         while time.perf_counter() < t_end:
-            n += 1
-        return n
+            pass
 
     def batch(rouse: bool) -> float:
         if rouse:

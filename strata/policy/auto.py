@@ -17,8 +17,8 @@ class MeteredShare(SharePolicy):
     expert in layers 0-3, 1 in layers 4-7), and one share for all put layers 0-3's CPU past the GPU while layers
     4-7 took too little (the simulator, share_f_full_stop22b's routing; on the H200, 14 workers, side by side,
     layer meters -12.6 / -7.5 / -7.3% at 250 / 512 / 1,000 tokens where one meter made -2.4 / -4.0 / -1.8%:
-    bench/results/h200/share_layers_w14_stop23.log, a draft whose veto read the layer's meter). `meter` takes every layer's samples: a new layer's share,
-    the floor veto's balance and the class's summary."""
+    bench/results/h200/share_layers_w14_stop23.log, a draft whose veto read the layer's meter). `meter` takes
+    every layer's samples: a new layer's share, the floor veto's balance and the class's summary."""
 
     kind = ShareKind.AUTO_UNGATED
 
@@ -148,7 +148,7 @@ class SizedShare(SharePolicy):
             # prompt 1.9-2.8x off's (2 workers on the H200, auto's first prompts: share_f_full_stop23b.log); seeded,
             # the later classes' first prompts ran -2.1..+9.5% (share_f_w2_stop23.log)
             seed = self.current.meter if self.class_seed and self.current.meter.c_avg is not None else None
-            got = self.by_class[c] = GatedShare(seed.copy() if seed else None, veto=self.veto,
+            got = self.by_class[c] = GatedShare(seed.copy() if seed is not None else None, veto=self.veto,
                                                 layer_meters=self.layer_meters)
         return got
 
