@@ -61,8 +61,10 @@ EMULATED_COPY_US = 7.0
 # stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
 # prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
-# before auto's meter per layer (78d1d29, stop 23) and before a new size class's meter started from the last one's
-UNSEEDED = dict(class_seed=False)
+# before auto's meter per layer (78d1d29, stop 23), before a new size class's meter started from the last one's
+# (015a381, stop 23), before the meter's margin (stop 24)
+BALANCE = dict(margin=0.0)
+UNSEEDED = dict(class_seed=False, **BALANCE)
 ONE_METER = dict(layer_meters=False, **UNSEEDED)
 ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
                          **OLD_COPIES, **ONE_METER),
@@ -70,7 +72,8 @@ ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, 
            "stop20": dict(veto=False, **OLD_COPIES, **ONE_METER),
            "stop21": dict(OLD_COPIES, **ONE_METER),
            "stop22": dict(ONE_METER),
-           "stop23": dict(UNSEEDED)}   # stop 23's runs at 52e907c
+           "stop23": dict(UNSEEDED),   # stop 23's runs at 52e907c
+           "stop23b": dict(BALANCE)}   # stop 23's runs at 015a381 and after (seeded classes)
 
 
 @contextlib.contextmanager
@@ -150,7 +153,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
 
     def session_of(run):   # a fresh policy of the run's engine, the walk choice's state shared
         return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
-                                    class_seed=run.class_seed), waste=waste)
+                                    class_seed=run.class_seed, margin=run.margin), waste=waste)
 
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]

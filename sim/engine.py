@@ -21,6 +21,7 @@ from strata.policy import (
     ROUTED_ONLY_RING,
     ChooserKind,
     Config,
+    MARGIN,
     LayerEnd,
     Share,
     SharePolicy,
@@ -55,6 +56,7 @@ class Run:
     veto: bool = True  # False: auto as before the floor veto (67e7045): stored runs of older engines
     layer_meters: bool = True  # False: auto's one meter for every layer of a class (stored runs up to stop 22)
     class_seed: bool = True  # False: each size class's meter from 0.5 (stored runs up to stop 23's)
+    margin: float = MARGIN  # 0: the meter's share at SPEC §5's balance (the original's; stored runs up to stop 23's)
     cache_slots: int | None = None  # --expert-cache N; None: sized from free VRAM
     ctx: int = 8192  # context the KV cache is planned for
     prior: int = 0  # tokens already in the KV cache (a follow-up message)
@@ -147,7 +149,7 @@ def prefill(run: Run, session: Session | None = None) -> Result:
     costs = run.costs or Costs(run.machine, run.model, run.calib, run.probe)
     share = run.share
     session = session or Session(share_policy(share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
-                                                     class_seed=run.class_seed))
+                                                     class_seed=run.class_seed, margin=run.margin))
     vp = plan_vram(run.machine, run.model, run.cfg, run.ctx, run.cache_slots)
     m = run.model
     routing = run.routing or ZipfRouting(m.n_layer, m.n_expert, m.k, seed=run.seed)

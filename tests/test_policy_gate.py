@@ -115,7 +115,7 @@ def test_debug_line():
 
 
 def test_gated_share_uses_meter_after_readings():
-    pol = GatedShare(ShareMeter(), CpuGate())
+    pol = GatedShare(ShareMeter(margin=0.0), CpuGate())         # SPEC §5's meter (the margin: test_policy_meter)
     assert pol.begin_layer(0) is False and pol.share(False) == 0.0
     assert not pol.end_layer(LayerEnd(0, 20, 0)).gpu
     assert pol.begin_layer(1) is True
@@ -258,7 +258,7 @@ def test_each_layer_shares_by_its_own_meter():
         pol.begin_layer(4)
         pol.readings(3.0, None)       # layer 3's window
 
-    per_layer = share_policy(Share(ShareMode.AUTO), gated=False)
+    per_layer = share_policy(Share(ShareMode.AUTO), gated=False, margin=0.0)
     drive(per_layer)
     assert per_layer.meter_of(0).share == pytest.approx(0.1 / 1.1)        # g / (c + g) of layer 0 alone
     assert per_layer.meter_of(3).share == pytest.approx(0.5)
@@ -267,7 +267,7 @@ def test_each_layer_shares_by_its_own_meter():
     per_layer.begin_layer(7)                                            # never sampled: every layer's meter
     assert per_layer.share(True) == pytest.approx(per_layer.meter.share)
     assert per_layer.meter.share < 0.5                                 # (layers 0-1 pulled it down)
-    one = share_policy(Share(ShareMode.AUTO), gated=False, layer_meters=False)
+    one = share_policy(Share(ShareMode.AUTO), gated=False, layer_meters=False, margin=0.0)
     drive(one)
     one.begin_layer(3)
     assert one.share(True) == pytest.approx(per_layer.meter.share) and one.layer_meters is None

@@ -13,7 +13,7 @@ tier     adaptive-tier admission between decode rounds
 from .chooser import CHOOSERS, MAXT, ChooserKind, CpuChoice, FewestFirst, llround
 from .env import Config, ConfigError, Share, ShareMode, from_process
 from .gate import CpuGate, GateReading
-from .meter import ShareMeter
+from .meter import MARGIN, ShareMeter
 from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from .registry import Registry
 from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class, size_class_floor  # noqa: I001 (registers them)
@@ -52,6 +52,7 @@ __all__ = [
     "IssueOrder",
     "GateReading",
     "ShareMeter",
+    "MARGIN",
     "PLANNERS",
     "ChunkPlan",
     "LoanRequest",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .env import Share, ShareMode
 from .gate import PROBE, CpuGate, GateReading
-from .meter import MeterSample, ShareMeter
+from .meter import MARGIN, MeterSample, ShareMeter
 from .share import SHARE_POLICIES, LayerEnd, SharePolicy, ShareKind, Wanted
 
 
@@ -18,12 +18,12 @@ class MeteredShare(SharePolicy):
     4-7 took too little (the simulator, share_f_full_stop22b's routing; on the H200, 14 workers, side by side,
     layer meters -12.6 / -7.5 / -7.3% at 250 / 512 / 1,000 tokens where one meter made -2.4 / -4.0 / -1.8%:
     bench/results/h200/share_layers_w14_stop23.log, a draft whose veto read the layer's meter). `meter` takes
-    every layer's samples: a new layer's share, the floor veto's balance and the class's summary."""
+    every layer's samples: a new layer's share, the floor veto's aim and the class's summary."""
 
     kind = ShareKind.AUTO_UNGATED
 
     def __init__(self, meter: ShareMeter | None = None, layer_meters: bool = True):
-        self.meter = meter or ShareMeter()
+        self.meter = meter or ShareMeter()   # its margin is every layer meter's
         self.layer_meters: dict[int, ShareMeter] | None = {} if layer_meters else None   # layer -> its own
         self._layer: int | None = None
         self._sample: MeterSample | None = None
@@ -56,7 +56,7 @@ class MeteredShare(SharePolicy):
             s, self._sample = self._sample, None
             share = self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
             if self.layer_meters is not None:
-                share = self.layer_meters.setdefault(s.layer, ShareMeter(self.meter.alpha)).sample(
+                share = self.layer_meters.setdefault(s.layer, ShareMeter(self.meter.alpha, margin=self.meter.margin)).sample(
                     s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
             self.folded = s.line(gpu_ms, share)
         return None
@@ -65,7 +65,7 @@ class MeteredShare(SharePolicy):
 @SHARE_POLICIES.register(ShareKind.AUTO_ONE)
 class GatedShare(MeteredShare):
     """The meter's share on the layers the gate arms (SPEC §6), but for the floor veto (ours): while the meter's
-    balance lies under its floor, a share arm runs unshared (nothing taken: the gate skips it) except one in
+    aim (its balance with the CPU's margin) lies under its floor, a share arm runs unshared (nothing taken: the gate skips it) except one in
     PROBE, which keeps the meter sampling. There the meter's own model says sharing loses, by more as the CPU
     falls behind (a one-worker pool on the H200: +19-37% a shared layer, bench/results/h200/share_arms_*), and
     the gate's ratios of a few percent's noise let a shared verdict stand for many chunks (gate_w1_stop19.log).
@@ -100,7 +100,7 @@ class GatedShare(MeteredShare):
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         super().readings(gpu_ms, wall_ms)
         if self.folded is not None and self.meter.below_floor:
-            self.folded += f" (balance {self.meter.balance:.3f}, under the floor: 1 share arm in {PROBE} shares)"
+            self.folded += f" (aim {self.meter.aim:.3f}, under the floor: 1 share arm in {PROBE} shares)"
         if self.gate.pending is not None:
             assert wall_ms is not None, "the gate's window was pending but no time was given"
             return self.gate.reading(wall_ms)
@@ -133,11 +133,12 @@ class SizedShare(SharePolicy):
 
     kind = ShareKind.AUTO
 
-    def __init__(self, veto: bool = True, layer_meters: bool = True, class_seed: bool = True):
+    def __init__(self, veto: bool = True, layer_meters: bool = True, class_seed: bool = True,
+                 margin: float = MARGIN):
         self.by_class: dict[int, GatedShare] = {}
-        self.veto, self.layer_meters, self.class_seed = veto, layer_meters, class_seed
+        self.veto, self.layer_meters, self.class_seed, self.margin = veto, layer_meters, class_seed, margin
         # until the first begin_chunk (a caller that never sizes: one class)
-        self.current = GatedShare(veto=veto, layer_meters=layer_meters)
+        self.current = GatedShare(ShareMeter(margin=margin), veto=veto, layer_meters=layer_meters)
         self._owner: GatedShare | None = None   # the class whose windows are pending
 
     def _class(self, c: int) -> GatedShare:
@@ -148,8 +149,8 @@ class SizedShare(SharePolicy):
             # prompt 1.9-2.8x off's (2 workers on the H200, auto's first prompts: share_f_full_stop23b.log); seeded,
             # the later classes' first prompts ran -2.1..+9.5% (share_f_w2_stop23.log)
             seed = self.current.meter if self.class_seed and self.current.meter.c_avg is not None else None
-            got = self.by_class[c] = GatedShare(seed.copy() if seed is not None else None, veto=self.veto,
-                                                layer_meters=self.layer_meters)
+            got = self.by_class[c] = GatedShare(seed.copy() if seed is not None else ShareMeter(margin=self.margin),
+                                                veto=self.veto, layer_meters=self.layer_meters)
         return got
 
     @property
@@ -189,17 +190,19 @@ class SizedShare(SharePolicy):
 
 
 def share_policy(share: Share, gated: bool = True, sized: bool = True, veto: bool = True,
-                 layer_meters: bool = True, class_seed: bool = True) -> SharePolicy:
+                 layer_meters: bool = True, class_seed: bool = True, margin: float = MARGIN) -> SharePolicy:
     """The strategy for a resolved share (``gated=False`` reproduces auto before the gate, ``sized=False``
     auto with one meter and gate for every size, ``veto=False`` auto before the floor veto, ``layer_meters=False``
-    auto with one meter for every layer of a class, ``class_seed=False`` each class's meter from 0.5: for studies and
-    for replaying stored runs)."""
+    auto with one meter for every layer of a class, ``class_seed=False`` each class's meter from 0.5, ``margin=0``
+    the meter's share at SPEC §5's balance: for studies and for replaying stored runs)."""
     if share.mode is ShareMode.OFF:
         return SHARE_POLICIES.create(ShareKind.OFF)
     if share.mode is ShareMode.FIXED:
         return SHARE_POLICIES.create(ShareKind.FIXED, share.fraction)
     if not gated:
-        return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED, layer_meters=layer_meters)
+        return SHARE_POLICIES.create(ShareKind.AUTO_UNGATED, ShareMeter(margin=margin), layer_meters=layer_meters)
     if not sized:
-        return SHARE_POLICIES.create(ShareKind.AUTO_ONE, veto=veto, layer_meters=layer_meters)
-    return SHARE_POLICIES.create(ShareKind.AUTO, veto=veto, layer_meters=layer_meters, class_seed=class_seed)
+        return SHARE_POLICIES.create(ShareKind.AUTO_ONE, ShareMeter(margin=margin), veto=veto,
+                                     layer_meters=layer_meters)
+    return SHARE_POLICIES.create(ShareKind.AUTO, veto=veto, layer_meters=layer_meters, class_seed=class_seed,
+                                 margin=margin)
