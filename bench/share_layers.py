@@ -3,9 +3,9 @@
 python bench/share_layers.py --model X.gguf [--workers 2] [--prompts 250,512,900,1000] [--rounds 8]
                              [--warm 6] [--fixed 0.08] [--ctx 2064] [--lines gate_lines.log]
 
-One engine, interleaved rounds (the order reversed every other round) of off, the fixed shares, auto with one
-meter for every layer of a size class (share_policy(layer_meters=False): the engine up to stop 22) and auto with
-a meter per layer (today's). Per length: the prompts' wall ms (medians; side by side over the round's off); per
+One engine, interleaved rounds (the order reversed every other round) of off, the fixed shares, auto whose meter
+aims at SPEC §5's balance (share_policy(margin=0): the engine up to stop 23) and auto (today's: the meter's
+margin). Per length: the prompts' wall ms (medians; side by side over the round's off); per
 setting and layer, the MoE block's device time (events on the compute stream around GpuEngine.moe, the first
 chunk's layers) and its parts: up to the routing sync's event (the previous shared layer's settle, the input's
 copy to the host), from there to the combine (the gate's window less that copy: layout, experts, the wait for the
@@ -67,8 +67,8 @@ def main():
     auto = Share(ShareMode.AUTO, by_default=True)
     settings = ([("off", Share(ShareMode.OFF), None)]
                 + [(x, Share(ShareMode.FIXED, float(x)), None) for x in a.fixed.split(",") if x]
-                + [("auto-one", auto, share_policy(auto, layer_meters=False)),
-                   ("auto", auto, share_policy(auto, layer_meters=True))])
+                + [("auto-bal", auto, share_policy(auto, margin=0.0)),
+                   ("auto", auto, share_policy(auto))])
     pols = {n: eng.use_share(sh, p) for n, sh, p in settings}
     ends, marks = [], []
     for n, pol in pols.items():          # each layer's end as the policy sees it: nstream, CPU experts, CPU ms
@@ -108,14 +108,22 @@ def main():
         eng.cache.poll()           # the previous prompt's loan refilled (bench/cpu_share.py's settle)
         marks.clear()
         ends.clear()
+        p0, p1 = dev.event(), dev.event()
+        p0.record(dev.compute)
         t0 = time.perf_counter()
         eng.prefill(ids)
         ms = (time.perf_counter() - t0) * 1e3
+        p1.record(dev.compute)
         dev.synchronize()
         moe = {}
         for layer, e0, es, ec, e1 in marks:              # the first chunk's: whole block, then its three parts
             moe.setdefault(layer, (e0.elapsed_ms(e1), e0.elapsed_ms(es), es.elapsed_ms(ec), ec.elapsed_ms(e1)))
-        return ms, moe, list(ends)
+        # the device's prompt outside the MoE blocks: before the first, between blocks (attention, norms, router,
+        # and any wait for the host), after the last (head); every chunk's blocks
+        gaps = [marks[i][4].elapsed_ms(marks[i + 1][1]) for i in range(len(marks) - 1)]
+        outside = (p0.elapsed_ms(marks[0][1]), sum(gaps), marks[-1][4].elapsed_ms(p1), p0.elapsed_ms(p1),
+                   sum(m[1].elapsed_ms(m[4]) for m in marks), gaps)
+        return ms, moe, list(ends), outside
 
     rng = np.random.default_rng(1)
     for _ in range(a.warm):
@@ -139,6 +147,14 @@ def main():
             f"{n} {med([x[0] for x in res[(L, n)]]):.1f}"
             + ("" if n == "off" else f" ({100 * med([x[0] / o - 1 for x, o in zip(res[(L, n)], off)]):+.1f}% sbs)")
             for n, _, _ in settings))
+        print("  device ms (medians over rounds of each round's sums): prompt = before the first MoE block + MoE "
+              "blocks + between blocks + after the last; the gaps between blocks, each")
+        for n, _, _ in settings:
+            o = [x[3] for x in res[(L, n)]]
+            gl = [med([g[5][i] for g in o]) for i in range(min(len(g[5]) for g in o))]
+            print(f"  {n:>8} prompt {med([g[3] for g in o]):6.1f} = before {med([g[0] for g in o]):5.2f} + MoE "
+                  f"{med([g[4] for g in o]):6.1f} + between {med([g[1] for g in o]):5.2f} + after "
+                  f"{med([g[2] for g in o]):5.2f}; gaps " + " ".join(f"{x:.2f}" for x in gl))
         for n, _, _ in settings:
             rows = res[(L, n)]
             layers = sorted(rows[0][1])
@@ -154,7 +170,7 @@ def main():
             for what, key, fmt in (("CPU exp", "n_cpu", "6.1f"), ("CPU ms ", "cpu_ms", "6.2f")):
                 vals = [statistics.mean(getattr(e, key) for e in by[l]) if l in by else 0.0 for l in layers]
                 print(f"  {n:>8} {what} " + " ".join(f"{v:{fmt}}" for v in vals))
-    for n in ("auto-one", "auto"):
+    for n in ("auto-bal", "auto"):
         for cl, g in sorted(pols[n].by_class.items()):
             own = "" if not g.layer_meters else ", layers' shares " + " ".join(
                 f"{l}:{lm.share:.3f}" for l, lm in sorted(g.layer_meters.items()))
