@@ -62,8 +62,9 @@ EMULATED_COPY_US = 7.0
 # prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
 # before auto's meter per layer (78d1d29, stop 23), before a new size class's meter started from the last one's
-# (015a381, stop 23), before the meter's margin (stop 24)
-BALANCE = dict(margin=0.0)
+# (015a381, stop 23), before the meter's margin (c0a2aac, stop 24), before its start from a load probe (stop 24)
+UNPRIMED = dict(prime=False)
+BALANCE = dict(margin=0.0, **UNPRIMED)
 UNSEEDED = dict(class_seed=False, **BALANCE)
 ONE_METER = dict(layer_meters=False, **UNSEEDED)
 ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, link_gap_us=50.0, veto=False,
@@ -73,7 +74,8 @@ ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, 
            "stop21": dict(OLD_COPIES, **ONE_METER),
            "stop22": dict(ONE_METER),
            "stop23": dict(UNSEEDED),   # stop 23's runs at 52e907c
-           "stop23b": dict(BALANCE)}   # stop 23's runs at 015a381 and after (seeded classes)
+           "stop23b": dict(BALANCE),   # stop 23's runs at 015a381 and after (seeded classes)
+           "stop24": dict(UNPRIMED)}   # stop 24's runs at 113965e (the meter's margin)
 
 
 @contextlib.contextmanager

@@ -57,6 +57,7 @@ class Run:
     layer_meters: bool = True  # False: auto's one meter for every layer of a class (stored runs up to stop 22)
     class_seed: bool = True  # False: each size class's meter from 0.5 (stored runs up to stop 23's)
     margin: float = MARGIN  # 0: the meter's share at SPEC §5's balance (the original's; stored runs up to stop 23's)
+    prime: bool = True  # False: auto's first meter from SPEC §5's 0.5, not a load probe's (stored runs to stop 24's)
     cache_slots: int | None = None  # --expert-cache N; None: sized from free VRAM
     ctx: int = 8192  # context the KV cache is planned for
     prior: int = 0  # tokens already in the KV cache (a follow-up message)
@@ -95,6 +96,9 @@ class Run:
     @property
     def share(self) -> Share:
         return self.cfg.share(self.qualifies)
+
+
+PRIME_EXPERTS, PRIME_TOKENS = 32, 2   # the engine's load probe of the pool (CpuBlock.probe_prior's defaults)
 
 
 @dataclass
@@ -202,6 +206,9 @@ class _Runner(EngineWalks):
             cap = max(plan.chunk, MAXT)
             session.cpu_x_bytes = cap * m.shape.n_embd * 4
             session.cpu_rows_bytes = min(cap * m.k, m.n_expert * MAXT) * m.shape.n_embd * 4
+            if run.prime:   # and, ours, starts auto's meter from a load probe (accel/cpu_block.py probe_prior)
+                c_us = costs.cpu_pool_us(0, [PRIME_TOKENS] * PRIME_EXPERTS) / PRIME_EXPERTS
+                session.policy.prime(c_us / 1e3, costs.copy_us(costs.blob(0), False) / 1e3)
 
     def host(self):
         run, plan, ring = self.run, self.plan, self.ring

@@ -69,6 +69,7 @@ class Scenario:
     zipf_s: float | None = None  # routing skew; None: calibration.json's
     sigma: float | None = None
     margin: float = MARGIN  # the meter's (policy.meter): 0 for the seeds' runs, whose engine aimed at the balance
+    prime: bool = True  # auto's meter from a load probe (accel/cpu_block.py): not in the seeds' engine
 
     def run(self, prompt: int, share: str | float | None, gated: bool = True, **kw) -> Result:
         """share: None = unset (the default), 'auto', or a fraction (0 = off)."""
@@ -89,14 +90,15 @@ class Scenario:
             routing=routing,
             seed=RANDOM_SEED,
             margin=self.margin,
+            prime=self.prime,
         )
         return prefill(replace(r, **kw) if kw else r)
 
 
-R5090 = Scenario(R5090_MACHINE, R5090_MODEL, R5090_CACHE, margin=0.0)
+R5090 = Scenario(R5090_MACHINE, R5090_MODEL, R5090_CACHE, margin=0.0, prime=False)
 GRE = Scenario(GRE_MACHINE, GRE_MODEL, GRE_CACHE, qualifies=False, zipf_s=GRE_ZIPF_S, sigma=GRE_SIGMA,  # ROCm
-               margin=0.0)
-R6800 = Scenario(R6800_MACHINE, R6800_MODEL, R6800_CACHE, ctx=131072, qualifies=False, margin=0.0)
+               margin=0.0, prime=False)
+R6800 = Scenario(R6800_MACHINE, R6800_MODEL, R6800_CACHE, ctx=131072, qualifies=False, margin=0.0, prime=False)
 
 
 def default_on(name: str) -> Scenario:

@@ -191,3 +191,32 @@ def test_a_prompt_that_may_share_rouses_the_pool_first(share, roused, pool, monk
     finally:
         dev.close()
     assert len(calls) == roused
+
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_auto_starts_from_the_load_probe(kind, pool):
+    """Ours: an engine whose share is auto times its pool at load and starts auto's meter from that and a blob's
+    copy at the probed H2D rate (SPEC §5 starts at 0.5); policies swapped in later start from the same costs,
+    fixed shares take none."""
+    from strata.policy import Share, ShareMode, share_policy
+
+    m = models.load(golden.model_path(NAMES[0]))
+    dev = make_device(kind)
+    try:
+        lines = []
+        from strata.accel.engine import GpuEngine
+
+        e = GpuEngine(m, dev, n_ctx=96, expert_cache=m.cfg.n_layer * m.cfg.n_expert // 4, pool=pool,
+                      config=policy.Config(cpu_share="auto"), log=lines.append)
+        c_ms, g_ms = e.cpu_block.prior
+        assert c_ms > 0 and g_ms == pytest.approx(e.arena.blob(0, 0).nbytes / (e.h2d_gbps * 1e6))
+        meter = e.cpu_block.policy.meter
+        assert (meter.c_avg, meter.g_avg) == (c_ms, g_ms) and meter.share != 0.5
+        assert any(s.startswith("prefill CPU share: auto's meter starts from a probe: CPU ") for s in lines)
+        fresh = share_policy(Share(ShareMode.AUTO))
+        e.use_share(Share(ShareMode.AUTO), fresh)
+        assert fresh.meter.c_avg == c_ms
+        fixed = GpuEngine(m, dev, n_ctx=96, pool=pool, config=policy.Config(cpu_share=0.3))
+        assert fixed.cpu_block.prior is None
+    finally:
+        dev.close()

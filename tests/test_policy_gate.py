@@ -294,3 +294,21 @@ def test_a_new_size_class_starts_from_the_last_classs_meter():
     fresh = SizedShare()
     fresh.begin_chunk(250)
     assert fresh.current.meter.c_avg is None and fresh.current.meter.share == 0.5
+
+
+def test_prime_reaches_the_first_size_class_only_before_any_chunk():
+    """Ours: auto primed at load seeds its first size class's meter (and the later ones from it); a policy that has
+    sized a chunk keeps its classes; fixed shares and off take no prime."""
+    from strata.policy import Share, ShareMode, SizedShare, share_policy
+
+    pol = SizedShare()
+    assert pol.prime(0.3, 0.03)
+    pol.begin_chunk(250)
+    assert pol.meter.c_avg == 0.3 and pol.meter.share == pytest.approx(0.03 / (1.25 * 0.3 + 0.03))
+    pol.begin_chunk(1000)                        # a new class seeds from the last one's, the primed meter
+    assert pol.meter.c_avg == 0.3 and pol.meter is not pol.by_class[size_class(250)].meter
+    assert not pol.prime(1.0, 1.0) and pol.meter.c_avg == 0.3
+    assert not share_policy(Share(ShareMode.FIXED, 0.3)).prime(0.3, 0.03)
+    assert not share_policy(Share(ShareMode.OFF)).prime(0.3, 0.03)
+    one = share_policy(Share(ShareMode.AUTO), sized=False)
+    assert one.prime(0.3, 0.03) and one.meter.c_avg == 0.3

@@ -62,3 +62,20 @@ def test_the_debug_line_carries_both_sides_and_the_share():
                         "(0.0500 a expert) -> share 0.138")
     p.readings(None, None)
     assert p.folded is None
+
+
+def test_prime_starts_an_unsampled_meter_from_measured_costs():
+    """Ours: the engine's load probe (CpuBlock.probe_prior) starts the meter, where SPEC §5 starts at 0.5; a sample
+    since, or an earlier prime, keeps the meter as it is."""
+    m = ShareMeter()
+    assert m.prime(0.4, 0.04)
+    assert (m.c_avg, m.g_avg) == (0.4, 0.04) and m.share == pytest.approx(0.04 / (1.25 * 0.4 + 0.04))
+    assert not m.prime(1.0, 1.0) and m.c_avg == 0.4
+    # the first sample folds in as the second: the prime is the running mean's start
+    m.sample(0.2, 1, 0.04, 1)
+    assert m.c_avg == pytest.approx(0.4 + 0.25 * (0.2 - 0.4))
+    sampled = ShareMeter()
+    sampled.sample(1.0, 1, 1.0, 1)
+    assert not sampled.prime(0.4, 0.04) and sampled.c_avg == 1.0
+    with pytest.raises(AssertionError):
+        ShareMeter().prime(0.0, 0.04)

@@ -52,7 +52,34 @@ class CpuBlock:
         self._c_ms = self._g_ms = None
         self._words = None               # the pool's control words as the device maps them (first share)
         self._open: tuple | None = None  # a shared layer whose pool batch the device waits on: settle() ends it
+        self.prior: tuple[float, float] | None = None   # (CPU, streamed) ms an expert measured at load: prime()
         self.log = log or (lambda s: print(s, file=sys.stderr))
+
+    def prime(self, c_ms: float, g_ms: float) -> bool:
+        """Keep the load-time costs an expert; the current policy's unsampled meter, and every one swapped in
+        later, starts from them (policy.ShareMeter.prime). True if the current policy took them."""
+        self.prior = (c_ms, g_ms)
+        return self.policy.prime(c_ms, g_ms)
+
+    def probe_prior(self, h2d_gbps: float, n: int = 32, tokens: int = 2, reps: int = 3):
+        """Costs an expert for prime(), at load: the pool's wall ms an expert over a batch of `n` layer-0 experts
+        of `tokens` tokens (the chooser takes the least-routed: 1-2 tokens each at 250-1,000 tokens on
+        flash-shape), median of `reps`; a blob's copy at the H2D rate `h2d_gbps`. -> (c_ms, g_ms, n, tokens)"""
+        from strata.accel.cpu.pool import ExpertJob
+
+        c, l = self.cfg, 0
+        n = min(n, c.n_expert)
+        # rows of their own per expert, as in a prompt (experts that share input rows share their quantisation)
+        x = np.random.default_rng(0).standard_normal((n, tokens, c.n_embd)).astype(np.float32)
+        out = np.zeros((n, tokens, c.n_embd), np.float32)
+        blobs, t = self.arena.layers[l], self.arena.types[l]
+        jobs = [ExpertJob(blobs[e], t, c.n_embd, c.n_ff_exp, x[e], out[e]) for e in range(n)]
+        walls = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            self.pool.run(jobs)
+            walls.append((time.perf_counter() - t0) * 1e3 / n)
+        return sorted(walls)[reps // 2], blobs[0].nbytes / (h2d_gbps * 1e6), n, tokens
 
     def swap(self, policy) -> None:
         """Make `policy` current, each policy keeping its own event sets and pending window (a reading is
@@ -64,6 +91,8 @@ class CpuBlock:
             id(policy), (policy, [[self.dev.event() for _ in range(4)] for _ in range(2)], 0, None))
         self.policy = policy
         self.auto = policy.kind in (ShareKind.AUTO, ShareKind.AUTO_ONE, ShareKind.AUTO_UNGATED)
+        if self.prior is not None:
+            policy.prime(*self.prior)
 
     # --- prefill: the share ------------------------------------------------------------------------------------
     def begin_layer(self, layer: int, h, stream) -> bool:

@@ -115,6 +115,8 @@ class GpuEngine:
         self._runner: ExpertRunner | None = None
         self._layer_entries: dict[int, range] = {}
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
+        if self.cpu_block is not None and self.share.on and self.cpu_block.auto:
+            self._prime_share()
         self.dgraph = None                     # single-token decode as one captured graph (decode_graph.py)
         longest = max(self.cfg.n_embd, self.cfg.n_ff_exp)
         if self.config.decode_graph and self.config.dbg_link_gbps:
@@ -141,6 +143,15 @@ class GpuEngine:
             x = np.zeros((1, c.n_embd), np.float32)
             pool.run([ExpertJob(self.arena.blob(l, 0), self.arena.types[l], c.n_embd, c.n_ff_exp, x,
                                 np.zeros((1, c.n_embd), np.float32))])
+
+    def _prime_share(self) -> None:
+        """auto's meter starts from costs measured here, not SPEC §5's 0.5 (ours; CpuBlock.probe_prior)."""
+        cb = self.cpu_block
+        c_ms, g_ms, n, tokens = cb.probe_prior(self.h2d_gbps)
+        if cb.prime(c_ms, g_ms):
+            self.log(f"prefill CPU share: auto's meter starts from a probe: CPU {c_ms:.3f} ms an expert ({n} of "
+                     f"{tokens} tokens on {self.pool.workers} workers), streamed {g_ms:.3f} ms (a blob at "
+                     f"{self.h2d_gbps:.1f} GB/s): share {cb.policy.meter.share:.2f}")
 
     def use_share(self, share, policy=None):
         """Switch the prefill CPU share (a `policy.Share`), keeping `policy` (a SharePolicy with its meter and

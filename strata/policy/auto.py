@@ -37,6 +37,9 @@ class MeteredShare(SharePolicy):
         self._layer = layer
         return True
 
+    def prime(self, c_ms: float, g_ms: float) -> bool:
+        return self.meter.prime(c_ms, g_ms)
+
     def share(self, arm: bool) -> float:
         return self.meter_of(self._layer).share if arm else 0.0
 
@@ -163,6 +166,10 @@ class SizedShare(SharePolicy):
 
     def begin_chunk(self, tokens: int) -> None:
         self.current = self._class(size_class(tokens))
+
+    def prime(self, c_ms: float, g_ms: float) -> bool:
+        """Before the first chunk: the first class's meter seeds from these (_class), and the later ones from it."""
+        return not self.by_class and self.current.prime(c_ms, g_ms)
 
     def begin_layer(self, layer: int) -> bool:
         return self.current.begin_layer(layer)

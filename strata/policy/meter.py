@@ -56,6 +56,16 @@ class ShareMeter:
         got.c_avg, got.g_avg = self.c_avg, self.g_avg
         return got
 
+    def prime(self, c_ms: float, g_ms: float) -> bool:
+        """Averages from measured costs before any sample (ours: SPEC §5 starts at 0.5, which on a slow pool cost
+        a first prompt up to +90%, share_f_full_stop24.log); a sample since keeps the meter as it is."""
+        if self.c_avg is not None:
+            return False
+        assert c_ms > 0.0 and g_ms > 0.0, f"a prior needs both costs, got c {c_ms} g {g_ms}"
+        self.c_avg, self.g_avg = c_ms, g_ms
+        self.share = min(SHARE_MAX, max(SHARE_MIN, self.aim))
+        return True
+
     @property
     def balance(self) -> float | None:
         """g / (c + g) before the clamp, where both sides would end together (None before the first sample)."""

@@ -66,6 +66,11 @@ class SharePolicy:
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         return None
 
+    def prime(self, c_ms: float, g_ms: float) -> bool:
+        """Start a meter that has no sample yet from measured costs an expert (ms): CPU c, streamed g. True if
+        it took them (auto whose first meter is unsampled)."""
+        return False
+
 
 @SHARE_POLICIES.register(ShareKind.OFF)
 class NoShare(SharePolicy):
