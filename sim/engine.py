@@ -17,11 +17,11 @@ import simpy
 
 from strata.policy import (
     CHOOSERS,
+    MARGIN,
     MAXT,
     ROUTED_ONLY_RING,
     ChooserKind,
     Config,
-    MARGIN,
     LayerEnd,
     Share,
     SharePolicy,

@@ -296,9 +296,9 @@ def test_a_new_size_class_starts_from_the_last_classs_meter():
     assert fresh.current.meter.c_avg is None and fresh.current.meter.share == 0.5
 
 
-def test_prime_reaches_the_first_size_class_only_before_any_chunk():
-    """Ours: auto primed at load seeds its first size class's meter (and the later ones from it); a policy that has
-    sized a chunk keeps its classes; fixed shares and off take no prime."""
+def test_prime_reaches_the_first_size_class_and_the_later_ones_through_it():
+    """Ours: auto primed at load seeds its first size class's meter (and the later ones from it); a seeded or
+    sampled meter keeps its averages; fixed shares and off take no prime."""
     from strata.policy import Share, ShareMode, SizedShare, share_policy
 
     pol = SizedShare()

@@ -59,8 +59,8 @@ class MeteredShare(SharePolicy):
             s, self._sample = self._sample, None
             share = self.meter.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
             if self.layer_meters is not None:
-                share = self.layer_meters.setdefault(s.layer, ShareMeter(self.meter.alpha, margin=self.meter.margin)).sample(
-                    s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
+                own = self.layer_meters.setdefault(s.layer, ShareMeter(self.meter.alpha, margin=self.meter.margin))
+                share = own.sample(s.cpu_ms, s.n_cpu, gpu_ms, s.n_gpu)
             self.folded = s.line(gpu_ms, share)
         return None
 
@@ -68,12 +68,12 @@ class MeteredShare(SharePolicy):
 @SHARE_POLICIES.register(ShareKind.AUTO_ONE)
 class GatedShare(MeteredShare):
     """The meter's share on the layers the gate arms (SPEC §6), but for the floor veto (ours): while the meter's
-    aim (its balance with the CPU's margin) lies under its floor, a share arm runs unshared (nothing taken: the gate skips it) except one in
-    PROBE, which keeps the meter sampling. There the meter's own model says sharing loses, by more as the CPU
-    falls behind (a one-worker pool on the H200: +19-37% a shared layer, bench/results/h200/share_arms_*), and
-    the gate's ratios of a few percent's noise let a shared verdict stand for many chunks (gate_w1_stop19.log).
-    The veto reads the meter of every layer (can the CPU keep up at all?), so one probe's sample lifts it for all
-    layers once the CPU catches up; a layer's own meter sets how much it takes."""
+    aim (its balance with the CPU's margin) lies under its floor, a share arm runs unshared (nothing taken: the
+    gate skips it) except one in PROBE, which keeps the meter sampling. There the meter's own model says sharing
+    loses, by more as the CPU falls behind (a one-worker pool on the H200: +19-37% a shared layer,
+    bench/results/h200/share_arms_*), and the gate's ratios of a few percent's noise let a shared verdict stand for
+    many chunks (gate_w1_stop19.log). The veto reads the meter of every layer (can the CPU keep up at all?), so one
+    probe's sample lifts it for all layers once the CPU catches up; a layer's own meter sets how much it takes."""
 
     kind = ShareKind.AUTO_ONE
 
@@ -168,8 +168,8 @@ class SizedShare(SharePolicy):
         self.current = self._class(size_class(tokens))
 
     def prime(self, c_ms: float, g_ms: float) -> bool:
-        """Before the first chunk: the first class's meter seeds from these (_class), and the later ones from it."""
-        return not self.by_class and self.current.prime(c_ms, g_ms)
+        """The current meter, if unsampled: before the first chunk, the one the first class seeds from (_class)."""
+        return self.current.prime(c_ms, g_ms)
 
     def begin_layer(self, layer: int) -> bool:
         return self.current.begin_layer(layer)
