@@ -54,6 +54,25 @@ def class_state(p) -> str:
             + " ".join(f"{r:.3f}" for r in p.gate.ratios) + ")")
 
 
+def auto_against_off(logits: dict, cpu: dict, lengths: list[int], rounds: int) -> dict:
+    """First-token KL of auto against off over the rounds' prompts (the same tokens for both; #8 item 3, the
+    seeds: mean about 0.004, max 0.025), overall and over the prompts where auto's CPU took experts (elsewhere
+    both computed the same experts the same way, and the logits are bit-identical), and top-1 agreement."""
+    from strata.reference.agree import kl, top1_agreement
+
+    keys = [(r, L) for r in range(rounds) for L in lengths]
+    kls = [float(kl(logits[r, L, "off"], logits[r, L, "auto"])) for r, L in keys]
+    took = [cpu[L]["auto"][r] > 0 for r, L in keys]
+    shared = [k for k, t in zip(kls, took) if t]
+    agree, ties = top1_agreement(np.stack([logits[r, L, "off"] for r, L in keys]),
+                                 np.stack([logits[r, L, "auto"] for r, L in keys]))
+    line = (f"first-token KL of auto against off over the same {len(kls)} prompts: mean {statistics.mean(kls):.2e}, "
+            f"max {max(kls):.2e}; over the {len(shared)} where the CPU took experts: "
+            + (f"mean {statistics.mean(shared):.2e}, max {max(shared):.2e}" if shared else "none")
+            + f"; top-1 agreement {agree:.3f} ({ties} near-ties excluded); the seeds: mean about 0.004, max 0.025")
+    return {"n": len(kls), "kl": kls, "cpu_took": took, "top1": agree, "near_ties": ties, "line": line}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -148,6 +167,7 @@ def main():
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}
         streamed = {L: {n: [] for n, _ in settings} for L in lengths}
+        logits = {}                       # (round, length, off | auto) -> the next token's logits [V]
         # off and auto run side by side, the fixed shares after them: a slow fixed share between the two leaves
         # the machine in another state for one than for the other (stop 20, one worker: with the same work as
         # off, auto read -4.3% and +5.1% in that order, share_f_w1_stop20.log)
@@ -166,8 +186,10 @@ def main():
                     n0, b0 = eng.cpu_block.stats["cpu_experts"], eng.stats.streamed_bytes
                     settle(eng)
                     t0 = time.perf_counter()
-                    eng.prefill(ids)
+                    got = eng.prefill(ids)
                     res[L][name].append((time.perf_counter() - t0) * 1e3)
+                    if name in ("off", "auto"):
+                        logits[r, L, name] = np.asarray(got, np.float32)
                     eng.on_routing = None
                     cpu[L][name].append(eng.cpu_block.stats["cpu_experts"] - n0)
                     streamed[L][name].append((eng.stats.streamed_bytes - b0) / 1e6)
@@ -197,6 +219,8 @@ def main():
             print(f"{L:7d} " + " ".join(f"{x:>16}" for x in cells))
         print(spread_line(res, lengths, [n for n, _ in settings]))
         print(paired_line(res, lengths, [n for n, _ in settings]))
+        agreement = auto_against_off(logits, cpu, lengths, a.rounds)
+        print(f"{label}: {agreement['line']}")
         print("streamed MB per prompt (median): " + "; ".join(
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
@@ -238,6 +262,7 @@ def main():
                                                    "vetoed": p.vetoed, "ratios": list(p.gate.ratios)}
                                           for c, p in classes.items()},
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
+                         "auto_against_off": {k: v for k, v in agreement.items() if k != "line"},
                          "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
         if probe is not None:
             report[label]["pool_probe"] = probe
