@@ -64,7 +64,12 @@ class CpuBlock:
     def probe_prior(self, h2d_gbps: float, n: int = 32, tokens: int = 2, reps: int = 3):
         """Costs an expert for prime(), at load: the pool's wall ms an expert over a batch of `n` layer-0 experts
         of `tokens` tokens (the chooser takes the least-routed: 1-2 tokens each at 250-1,000 tokens on
-        flash-shape), median of `reps`; a blob's copy at the H2D rate `h2d_gbps`. -> (c_ms, g_ms, n, tokens)"""
+        flash-shape), run as a share runs it (launch: submitted to the workers and waited for, the plan built
+        before the clock starts), median of `reps` after one that warms up; a blob's copy at the H2D rate
+        `h2d_gbps`. -> (c_ms, g_ms, n, tokens). (Through pool.run, with the engine thread taking tiles and the
+        plan's Python on the clock, the H200's 14-worker pool read 0.348 ms an expert where bench/cpu_pool.py's
+        probe reads ~0.09, and its 2-worker one 0.35 where that reads 0.57: share_f_full_stop24b.log. This form is
+        bench/cpu_pool.py's share_us; not yet measured on the device.)"""
         from strata.accel.cpu.pool import ExpertJob
 
         c, l = self.cfg, 0
@@ -73,13 +78,17 @@ class CpuBlock:
         x = np.random.default_rng(0).standard_normal((n, tokens, c.n_embd)).astype(np.float32)
         out = np.zeros((n, tokens, c.n_embd), np.float32)
         blobs, t = self.arena.layers[l], self.arena.types[l]
-        jobs = [ExpertJob(blobs[e], t, c.n_embd, c.n_ff_exp, x[e], out[e]) for e in range(n)]
+        plan = self.pool.plan([ExpertJob(blobs[e], t, c.n_embd, c.n_ff_exp, x[e], out[e]) for e in range(n)])
         walls = []
-        for _ in range(reps):
+        for _ in range(reps + 1):
             t0 = time.perf_counter()
-            self.pool.run(jobs)
+            if self.pool.workers > 0:
+                self.pool.submit(*plan)
+                self.pool.wait()
+            else:                       # a pool of the host thread alone runs a share on a thread of its own
+                self.pool.run_plan(*plan)
             walls.append((time.perf_counter() - t0) * 1e3 / n)
-        return sorted(walls)[reps // 2], blobs[0].nbytes / (h2d_gbps * 1e6), n, tokens
+        return sorted(walls[1:])[reps // 2], blobs[0].nbytes / (h2d_gbps * 1e6), n, tokens
 
     def swap(self, policy) -> None:
         """Make `policy` current, each policy keeping its own event sets and pending window (a reading is

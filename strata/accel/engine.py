@@ -164,8 +164,11 @@ class GpuEngine:
         return self.cpu_block.policy
 
     def _probe_h2d(self, reps: int = 8) -> float:
-        """Pinned H2D GB/s at blob-sized copies (the decode ring's slot 0; a few ms at start)."""
+        """Pinned H2D GB/s at blob-sized copies (the decode ring's slot 0; a few ms at start), after one untimed
+        copy: at load on the H200 it once read 18.6 GB/s where the link carries ~50 (share_f_full_stop24b.log), a
+        cold first copy being the suspect (not yet measured with the warm-up)."""
         blob = self.arena.blob(0, 0)
+        self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)
         e0, e1 = self.dev.event(), self.dev.event()
         e0.record(self.dev.copy)
         for _ in range(reps):
