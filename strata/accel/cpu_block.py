@@ -68,7 +68,7 @@ class CpuBlock:
         before the clock starts), median of `reps` after one that warms up; a blob's copy at the H2D rate
         `h2d_gbps`. -> (c_ms, g_ms, n, tokens). (Through pool.run, with the engine thread taking tiles and the
         plan's Python on the clock, the H200's 14-worker pool read 0.348 ms an expert where bench/cpu_pool.py's
-        probe reads ~0.09, and its 2-worker one 0.35 where that reads 0.57: share_f_full_stop24b.log. This form is
+        probe reads ~0.09, and its 2-worker one 0.37 where that reads ~0.5: share_f_full_stop24b.log. This form is
         bench/cpu_pool.py's share_us; not yet measured on the device.)"""
         from strata.accel.cpu.pool import ExpertJob
 
