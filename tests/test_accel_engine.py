@@ -286,3 +286,30 @@ def test_few_row_experts_run_from_their_blobs(kind, prompts):
         assert np.abs(outs[few, n_pairs] - base).max() <= 2e-3 * np.abs(base).max()
         assert np.array_equal(outs[few, n_pairs].argmax(-1), base.argmax(-1))
         assert kl(base, outs[few, n_pairs]).max() <= 1e-5
+
+
+def test_a_prompt_of_several_chunks_shows_its_progress():
+    """Long work shows progress (`generate` passes `progress` without --stats): one line a chunk where a prompt
+    spans several, none for a one-chunk prompt, and no load lines for a model too small to wait for."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(NAMES[0]))
+    ids = Tokenizer.from_metadata(m.metadata).encode(" ".join(golden.load_prompts()[0]))
+    dev = HostDevice()
+    lines = []
+    try:
+        e = GpuEngine(m, dev, n_ctx=len(ids) + 8, chunk=32, progress=lines.append)
+        assert lines == [], lines                      # a tiny model loads without progress lines
+        assert e.plan.chunk < len(ids), (e.plan.chunk, len(ids))
+        e.prefill(ids)
+        n = -(-len(ids) // e.plan.chunk)
+        assert len(lines) == n and all(s.startswith("prefill: chunk ") for s in lines), lines
+        assert lines[-1].startswith(f"prefill: chunk {n} of {n}, {len(ids):,} of {len(ids):,} tokens in ")
+        assert lines[-1].endswith(" tok/s")
+        lines.clear()
+        e.reset()
+        e.prefill(ids[:e.plan.chunk])
+        assert lines == []
+    finally:
+        dev.close()

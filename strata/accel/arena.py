@@ -16,6 +16,8 @@ import numpy as np
 
 from strata.models import Model
 
+PROGRESS_BYTES = 256 << 20   # a load of more bytes shows its progress (the arena's bar, the dense upload's)
+
 
 class Arena:
     def __init__(self, model: Model, dev, log=None, threads: int = 4):
@@ -26,7 +28,7 @@ class Arena:
         self.total_bytes = sum(b * cfg.n_expert for b in self.blob_bytes)
         self.layers: list[np.ndarray] = []
         t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
-        show = log is not None and self.total_bytes > (256 << 20)      # a progress bar only where it is long
+        show = log is not None and self.total_bytes > PROGRESS_BYTES     # a progress bar only where it is long
 
         def tick(n):
             with lock:

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from strata.accel.arena import PROGRESS_BYTES
 from strata.accel.gpu.dequant import F32_EXACT
 from strata.mathfn import rope_table
 from strata.models import Model
@@ -48,7 +49,7 @@ class DenseWeights:
         self.w: dict[str, object] = {}
         t0 = time.monotonic()
         names = dense_names(model)
-        show = log is not None and dense_bytes(model) > (256 << 20)
+        show = log is not None and dense_bytes(model) > PROGRESS_BYTES
         for i, name in enumerate(names):
             t = model.tensors.info(name)
             view = model.view(name)

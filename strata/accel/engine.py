@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata import policy
-from strata.accel.arena import Arena
+from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
-from strata.accel.dense import DenseWeights, DeviceOps
+from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
 from strata.accel.memplan import GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
 from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
@@ -51,10 +51,13 @@ class GpuEngine:
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
                  log=None, arena: Arena | None = None, pool=None, few_rows: int = FEW_ROWS,
-                 prompt_groups: tuple[int, ...] = PROMPT_GROUPS):
+                 prompt_groups: tuple[int, ...] = PROMPT_GROUPS, progress=None):
         self.model, self.cfg, self.dev, self.k = model, model.cfg, dev, dev.k
         self.config = config or policy.Config()
         self.log = log or (lambda s: None)
+        # long work's lines (pinning the arena, uploading the dense weights, a prompt of several chunks) go here
+        # even where the other lines (log) do not: `generate` shows them without --stats
+        self.progress = progress
         self.n_ctx = n_ctx
         self.few_rows = few_rows          # experts of at most this many rows run from their blobs (moe.py)
         if self.config.dbg_link_gbps:
@@ -68,9 +71,10 @@ class GpuEngine:
                                             lend_pct=self.config.lend_pct, groups=prompt_groups)
         for line in self.plan.lines():
             self.log(line)
-        self.arena = arena or Arena(model, dev, log=log)          # engines of one model may share an arena
-        self.weights = DenseWeights(model, dev, log=log)
         c = self.cfg
+        arena_bytes = sum(model.expert_blob_bytes(l) for l in range(c.n_layer)) * c.n_expert
+        self.arena = arena or Arena(model, dev, log=log or self._long(arena_bytes))   # engines may share one
+        self.weights = DenseWeights(model, dev, log=log or self._long(dense_bytes(model)))
         self.kv = [(dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16),
                     dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16)) for _ in range(c.n_layer)]
         p = self.plan
@@ -144,6 +148,10 @@ class GpuEngine:
             pool.run([ExpertJob(self.arena.blob(l, 0), self.arena.types[l], c.n_embd, c.n_ff_exp, x,
                                 np.zeros((1, c.n_embd), np.float32))])
 
+    def _long(self, nbytes: int):
+        """The progress callback for loading `nbytes`, where that is long enough to show; None where not."""
+        return self.progress if self.progress and nbytes > PROGRESS_BYTES else None
+
     def _prime_share(self) -> None:
         """auto's meter starts from costs measured here, not SPEC §5's 0.5 (ours; CpuBlock.probe_prior)."""
         cb = self.cpu_block
@@ -196,9 +204,14 @@ class GpuEngine:
         self.stats.loan_slots = loan
         try:
             out = []
+            n = -(-len(tokens) // self.plan.chunk)
             for i in range(0, len(tokens), self.plan.chunk):
                 part = tokens[i:i + self.plan.chunk]
                 out.append(self._prompt_chunk(part, region, layout, ring, group, all_logits))
+                if self.progress and n > 1:     # each chunk ends on the host (its logits come back)
+                    done, s = i + len(part), time.perf_counter() - t0
+                    self.progress(f"prefill: chunk {len(out)} of {n}, {done:,} of {len(tokens):,} tokens in "
+                                  f"{s * 1e3:.1f} ms -> {done / s:.1f} tok/s")
         finally:
             self._give_back()
         self.stats.prompt_tokens += len(tokens)

@@ -95,7 +95,7 @@ def run_gpu(a, dev) -> int:
     t_load = time.perf_counter()
     eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
                     reserve_mib=a.vram_reserve_mib, chunk=a.chunk, profile_order=order,
-                    config=policy.from_process(), log=note if a.stats else None, pool=pool)
+                    config=policy.from_process(), log=note if a.stats else None, pool=pool, progress=note)
     if a.stats:
         note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")
     writer = None
