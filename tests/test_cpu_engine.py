@@ -126,3 +126,27 @@ def test_glue_equals_reference_ops():
     for k in range(K):
         ref = ref + wk[:, k, None] * y.reshape(T, K, D)[:, k]
     _same(glue.combine(dm, order, wk), ref, "combine")
+
+
+def test_a_long_prompt_shows_its_progress(model_paths, pool):
+    """The CPU engine calls on_layer after each block (RefEngine's hook, no arithmetic of its own: the bits stay),
+    and `generate --device cpu` prints a layer's line once a second has passed (cpu/generate.py layer_progress)."""
+    from strata.accel.cpu.generate import layer_progress
+
+    m = models.load(model_paths["tiny-olmoe"])
+    try:
+        prompt = np.random.default_rng(4).integers(0, m.cfg.n_vocab, 9).tolist()
+        seen = []
+        eng = CpuEngine(m, pool=pool, n_ctx=N_CTX)
+        eng.on_layer = lambda layer, t: seen.append((layer, t))
+        _same(eng.prefill(prompt, chunk=5), CpuEngine(m, pool=pool, n_ctx=N_CTX).prefill(prompt), "with the hook")
+        L = m.cfg.n_layer
+        assert seen == [(l, 5) for l in range(L)] + [(l, 4) for l in range(L)]
+    finally:
+        m.close()
+    now, lines = [0.0], []
+    on_layer = layer_progress(4, lines.append, every_s=1.0, clock=lambda: now[0])
+    for layer, t in ((0, 0.4), (1, 1.1), (2, 1.9), (3, 2.2)):
+        now[0] = t
+        on_layer(layer, 30000)
+    assert lines == ["prefill: layer 2 of 4, 30,000 tokens, 1.1 s", "prefill: layer 4 of 4, 30,000 tokens, 2.2 s"]

@@ -31,6 +31,7 @@ class RefEngine:
         self.ops = RefOps(model, self.path, placement, self.kv, self._routing)
         self.pos = 0
         self.n_chunks = 0
+        self.on_layer: Callable[[int, int], None] | None = None   # (layer, tokens) after each block: progress
 
     def _routing(self, layer: int, ids: np.ndarray):
         if self._on_routing:
@@ -54,6 +55,8 @@ class RefEngine:
         x = self.ops.embed("token_embd.weight", ids)                        # [T, D]
         for layer in range(self.cfg.n_layer):
             x = self.model.forward_block(self.ops, x, layer, pos)            # [T, D]
+            if self.on_layer:
+                self.on_layer(layer, T)
         self.pos += T
         self.n_chunks += 1
         from strata.models.common import head

@@ -17,6 +17,21 @@ def _note(msg: str) -> None:
     print(f"strata: {msg}", file=sys.stderr)
 
 
+def layer_progress(n_layer: int, note, every_s: float = 1.0, clock=time.perf_counter):
+    """CpuEngine.on_layer for a prompt: a line after a layer once `every_s` has passed since the prompt began and
+    since the last line (a long prompt on the CPU runs minutes, one layer at a time over all its tokens; a short
+    one prints nothing)."""
+    t0 = clock()
+    last = [t0]
+
+    def on_layer(layer: int, tokens: int) -> None:
+        now = clock()
+        if now - last[0] >= every_s:
+            last[0] = now
+            note(f"prefill: layer {layer + 1} of {n_layer}, {tokens:,} tokens, {now - t0:.1f} s")
+    return on_layer
+
+
 def run_cpu(a) -> int:
     from strata.accel.cpu.ops import CpuEngine
     from strata.accel.cpu.pool import ExpertPool
@@ -31,8 +46,15 @@ def run_cpu(a) -> int:
         eng.reset()
         _note(f"load {time.perf_counter() - t_load:.1f} s: {m.cfg.arch}, {m.cfg.n_layer} layers, "
               f"{pool.workers} pool workers + host, pipeline {'on' if pool.pipeline else 'off'}")
-        stream_generate(a, tok, ids, lambda ids: eng.prefill(ids, chunk=getattr(a, "chunk", None),
-                                                             logits="last")[-1], eng.decode)
+
+        def prefill(ids):
+            eng.on_layer = layer_progress(m.cfg.n_layer, _note)
+            try:
+                return eng.prefill(ids, chunk=getattr(a, "chunk", None), logits="last")[-1]
+            finally:
+                eng.on_layer = None
+
+        stream_generate(a, tok, ids, prefill, eng.decode)
     finally:
         eng.close()
         m.close()

@@ -222,6 +222,7 @@ class CpuEngine(RefEngine):
         self.ops = CpuOps(model, self.kv, self.pool, self._routing)
         self.pos = 0
         self.n_chunks = 0
+        self.on_layer = None     # RefEngine's progress hook
 
     def forward(self, tokens, logits: str = "all") -> np.ndarray | None:
         """RefEngine.forward, with `logits` = "all" [T, V], "last" [1, V] (what sampling needs: the output head
