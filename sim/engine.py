@@ -19,6 +19,8 @@ from strata.policy import (
     CHOOSERS,
     MARGIN,
     MAXT,
+    PRIME_EXPERTS,
+    PRIME_TOKENS,
     ROUTED_ONLY_RING,
     ChooserKind,
     Config,
@@ -96,9 +98,6 @@ class Run:
     @property
     def share(self) -> Share:
         return self.cfg.share(self.qualifies)
-
-
-PRIME_EXPERTS, PRIME_TOKENS = 32, 2   # the engine's load probe of the pool (CpuBlock.probe_prior's defaults)
 
 
 @dataclass

@@ -25,7 +25,7 @@ class Arena:
         self.n_layer, self.n_expert = cfg.n_layer, cfg.n_expert
         self.blob_bytes = [model.expert_blob_bytes(l) for l in range(cfg.n_layer)]
         self.types = [model.expert(l, 0).types for l in range(cfg.n_layer)]
-        self.total_bytes = sum(b * cfg.n_expert for b in self.blob_bytes)
+        self.total_bytes = self.bytes_of(model)
         self.layers: list[np.ndarray] = []
         t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
         show = log is not None and self.total_bytes > PROGRESS_BYTES     # a progress bar only where it is long
@@ -61,6 +61,11 @@ class Arena:
         if log:
             log(f"arena: {cfg.n_layer * cfg.n_expert:,} experts, {self.total_bytes / 2**30:.2f} GiB pinned in "
                 f"{time.monotonic() - t0:.1f} s")
+
+    @staticmethod
+    def bytes_of(model: Model) -> int:
+        """What an arena of `model` pins: every routed expert's blob."""
+        return sum(model.expert_blob_bytes(l) for l in range(model.cfg.n_layer)) * model.cfg.n_expert
 
     def blob(self, layer: int, e: int) -> np.ndarray:
         return self.layers[layer][e]

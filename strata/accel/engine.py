@@ -72,8 +72,7 @@ class GpuEngine:
         for line in self.plan.lines():
             self.log(line)
         c = self.cfg
-        arena_bytes = sum(model.expert_blob_bytes(l) for l in range(c.n_layer)) * c.n_expert
-        self.arena = arena or Arena(model, dev, log=log or self._long(arena_bytes))   # engines may share one
+        self.arena = arena or Arena(model, dev, log=log or self._long(Arena.bytes_of(model)))   # may be shared
         self.weights = DenseWeights(model, dev, log=log or self._long(dense_bytes(model)))
         self.kv = [(dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16),
                     dev.zeros((n_ctx, c.n_head_kv, c.head_dim), np.float16)) for _ in range(c.n_layer)]

@@ -13,7 +13,7 @@ tier     adaptive-tier admission between decode rounds
 from .chooser import CHOOSERS, MAXT, ChooserKind, CpuChoice, FewestFirst, llround
 from .env import Config, ConfigError, Share, ShareMode, from_process
 from .gate import CpuGate, GateReading
-from .meter import MARGIN, ShareMeter
+from .meter import MARGIN, PRIME_EXPERTS, PRIME_TOKENS, ShareMeter
 from .plan import PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from .registry import Registry
 from .auto import GatedShare, MeteredShare, SizedShare, share_policy, size_class, size_class_floor  # noqa: I001 (registers them)
@@ -53,6 +53,8 @@ __all__ = [
     "GateReading",
     "ShareMeter",
     "MARGIN",
+    "PRIME_EXPERTS",
+    "PRIME_TOKENS",
     "PLANNERS",
     "ChunkPlan",
     "LoanRequest",

@@ -19,6 +19,10 @@ SHARE_START = 0.5
 # between prompts, and at SPEC's balance 22 of 54 and 30 of 53 shared layers ended after the GPU's experts (900 and
 # 1,000 tokens): auto +2.2 / +3.0% against off, side by side. 0.25 is 2.5 such spreads
 MARGIN = 0.25
+# ours: the load probe that primes the meter (accel/cpu_block.py probe_prior, and the simulator's): a batch of this
+# many experts of this many tokens (the chooser takes the least-routed: 1-2 tokens each at 250-1,000 tokens on
+# flash-shape)
+PRIME_EXPERTS, PRIME_TOKENS = 32, 2
 
 
 @dataclass(frozen=True, slots=True)
