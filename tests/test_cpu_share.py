@@ -194,7 +194,7 @@ def test_a_prompt_that_may_share_rouses_the_pool_first(share, roused, pool, monk
 
 
 @pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_auto_starts_from_the_load_probe(kind, pool):
+def test_auto_starts_from_the_load_probe(kind, pool, monkeypatch):
     """Ours: an engine whose share is auto times its pool at load and starts auto's meter from that and a blob's
     copy at the probed H2D rate (SPEC §5 starts at 0.5); policies swapped in later start from the same costs,
     fixed shares take none."""
@@ -218,6 +218,15 @@ def test_auto_starts_from_the_load_probe(kind, pool):
         assert fresh.meter.c_avg == c_ms
         fixed = GpuEngine(m, dev, n_ctx=96, pool=pool, config=policy.Config(cpu_share=0.3))
         assert fixed.cpu_block.prior is None
+        # the probe runs as a share does (submitted to the workers, waited for: no tile on this thread), drops its
+        # first run and takes the median of the rest: batches of 1, 5, 6 and 7 ms read 6 ms / n an expert
+        submitted = []
+        monkeypatch.setattr(pool, "submit", lambda *plan, f=pool.submit: (submitted.append(len(plan[0])), f(*plan)))
+        monkeypatch.setattr(pool, "run_plan", lambda *a, **k: pytest.fail("the probe took tiles on the host"))
+        ticks = iter([0.0, 1.0, 10.0, 15.0, 20.0, 26.0, 30.0, 37.0])
+        c2, _, n, tokens = e.cpu_block.probe_prior(e.h2d_gbps, clock=lambda: next(ticks) / 1e3)
+        assert (n, tokens) == (min(32, m.cfg.n_expert), 2) and submitted == [n] * 4
+        assert c2 == pytest.approx(6.0 / n)
     finally:
         dev.close()
 

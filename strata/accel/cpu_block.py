@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from strata.policy import CHOOSERS, MAXT, ChooserKind, LayerEnd, llround, share_policy
+from strata.policy import (CHOOSERS, MAXT, PRIME_EXPERTS, PRIME_TOKENS, ChooserKind, LayerEnd, llround,
+                           share_policy)
 from strata.policy.share import ShareKind
 
 
@@ -61,10 +62,10 @@ class CpuBlock:
         self.prior = (c_ms, g_ms)
         return self.policy.prime(c_ms, g_ms)
 
-    def probe_prior(self, h2d_gbps: float, n: int = 32, tokens: int = 2, reps: int = 3):
+    def probe_prior(self, h2d_gbps: float, n: int = PRIME_EXPERTS, tokens: int = PRIME_TOKENS, reps: int = 3,
+                    clock=time.perf_counter):
         """Costs an expert for prime(), at load: the pool's wall ms an expert over a batch of `n` layer-0 experts
-        of `tokens` tokens (the chooser takes the least-routed: 1-2 tokens each at 250-1,000 tokens on
-        flash-shape), run as a share runs it (launch: submitted to the workers and waited for, the plan built
+        of `tokens` tokens (policy.PRIME_EXPERTS, PRIME_TOKENS), run as a share runs it (launch: submitted to the workers and waited for, the plan built
         before the clock starts), median of `reps` after one that warms up; a blob's copy at the H2D rate
         `h2d_gbps`. -> (c_ms, g_ms, n, tokens). (Through pool.run, with the engine thread taking tiles and the
         plan's Python on the clock, the H200's 14-worker pool read 0.348 ms an expert where bench/cpu_pool.py's
@@ -81,13 +82,13 @@ class CpuBlock:
         plan = self.pool.plan([ExpertJob(blobs[e], t, c.n_embd, c.n_ff_exp, x[e], out[e]) for e in range(n)])
         walls = []
         for _ in range(reps + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             if self.pool.workers > 0:
                 self.pool.submit(*plan)
                 self.pool.wait()
             else:                       # a pool of the host thread alone runs a share on a thread of its own
                 self.pool.run_plan(*plan)
-            walls.append((time.perf_counter() - t0) * 1e3 / n)
+            walls.append((clock() - t0) * 1e3 / n)
         return sorted(walls[1:])[reps // 2], blobs[0].nbytes / (h2d_gbps * 1e6), n, tokens
 
     def swap(self, policy) -> None:
