@@ -6,7 +6,8 @@ measure the steady state (the gate's state persists across requests, SPEC §6); 
 exploration, are printed beside off before them. Before them and after each round each configuration's pool is
 probed on the model's experts (bench/cpu_pool.py pool_probe: µs an expert at 1..8 tokens, a batch's fixed µs; the
 lent machines' pools differ from lease to lease and drift within one); the probes' medians (merge_probes) are its
-"pool_probe", which the simulator column uses (bench/share_sim.py).
+"pool_probe", which the simulator column uses (bench/share_sim.py), as it uses the host's layout a layer measured in
+auto's first prompts' off runs ("layout_us": the engine's Python differs lease to lease too).
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
                           [--shares 0.3,0.6] [--workers N] [--losing-workers 2] [--probe-reps 5] [--json out.json]
@@ -152,18 +153,24 @@ def main():
         # rounds measure the steady state: the gate's state persists across requests (SPEC §6)
         pols = {name: eng.use_share(sh) for name, sh in settings}
         first = {n: [] for n in ("off", "auto")}
+        layout = {}                       # L -> the host's µs a layer from routing sync to first launch group (off)
         for L in lengths:
             ids = rng.integers(0, c.n_vocab, L).tolist()
             for name in ("off", "auto"):
                 eng.use_share(dict(settings)[name], pols[name])
                 eng.reset()
                 settle(eng)
+                s0, n0 = eng.stats.layout_s, eng.stats.layouts
                 t0 = time.perf_counter()
                 eng.prefill(ids)
                 first[name].append((time.perf_counter() - t0) * 1e3)
+                if name == "off":
+                    layout[L] = (eng.stats.layout_s - s0) / max(1, eng.stats.layouts - n0) * 1e6
         print(f"\n{label}: auto's first prompts (exploring), ms: " + ", ".join(
             f"{L}: {a_:.1f} vs off {o:.1f} ({100 * (a_ / o - 1):+.1f}%)"
             for L, a_, o in zip(lengths, first["auto"], first["off"])))
+        print(f"{label}: host layout (routing sync to first launch group, off, for the simulator), ms a layer: "
+              + ", ".join(f"{L}: {us / 1e3:.2f}" for L, us in layout.items()))
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}
         streamed = {L: {n: [] for n, _ in settings} for L in lengths}
@@ -225,7 +232,8 @@ def main():
             f"{L}: " + " ".join(f"{n} {tab[L][n]['streamed_mb']:.0f}" for n, _ in settings) for L in lengths))
         try:
             from sim.workload import TraceRouting
-            from share_sim import comparison_lines, link_note, predict, probe_extremes, probe_note, range_line
+            from share_sim import (comparison_lines, layout_note, link_note, predict, probe_extremes, probe_note,
+                                   range_line)
 
             ids = np.stack([np.concatenate(trace[l]) for l in range(c.n_layer)])          # [layers, T, K]
             if a.json:
@@ -233,14 +241,14 @@ def main():
             routing = TraceRouting(ids.astype(np.int64))
             names = [n for n, _ in settings]
             pred = predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing, cfg.dbg_link_gbps,
-                           probe=probe, h2d_gbps=h2d)
+                           probe=probe, h2d_gbps=h2d, layout=layout)
             print(f"simulator ({a.sim_machine}, the routing of the {max(lengths)}-token prompt{probe_note(probe)}"
-                  f"{link_note(h2d, cfg.dbg_link_gbps)}), ms: measured / predicted (error)")
+                  f"{link_note(h2d, cfg.dbg_link_gbps)}{layout_note(layout)}), ms: measured / predicted (error)")
             print("\n".join(comparison_lines(tab, pred, lengths, names)))
             ends = probe_extremes(probe)
             if ends:
                 lo, hi = (predict(m, eng.plan, lengths, names, workers, n_ctx, a.sim_machine, routing,
-                                  cfg.dbg_link_gbps, probe=p, h2d_gbps=h2d) for p in ends)
+                                  cfg.dbg_link_gbps, probe=p, h2d_gbps=h2d, layout=layout) for p in ends)
                 print(range_line(tab, pred, lo, hi, lengths, names))
             for L in lengths:
                 for n in names:
@@ -263,7 +271,8 @@ def main():
                                           for c, p in classes.items()},
                          "first_prompts": {"lengths": lengths, **first}, "raw_ms": res, "raw_cpu": cpu,
                          "auto_against_off": {k: v for k, v in agreement.items() if k != "line"},
-                         "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots}}
+                         "plan": {"chunk": eng.plan.chunk, "cache_slots": eng.plan.cache_slots},
+                         "layout_us": {str(L): us for L, us in layout.items()}}
         if probe is not None:
             report[label]["pool_probe"] = probe
         if h2ds:

@@ -1,10 +1,11 @@
 """Diagnostic: the GPU timeline of prompts on the quarter cache (either walk), where the copy stream and the compute
 stream wait. CUDA only; wraps the engine's Ring.copy_run, ExpertRunner.group and GpuEngine.moe with timing events.
 
-python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx] [--walk routed-only|stream-all]
+python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx] [--walk=routed-only|stream-all] [--detail=LAYER]
 
 --walk holds the walk of every chunk SPEC §3 sends down stream-all: routed-only (as policy.StreamWaste refusing) or
-stream-all (as StreamWaste admitting); without it the engine chooses.
+stream-all (as StreamWaste admitting); without it the engine chooses. --detail=LAYER prints that layer's copy runs and
+launch groups of each prompt in the order the host issued them: host time, then the GPU's start and end (ms).
 
 Per prompt: the copy stream's busy time and its idle time (the next copy issued by the host after the previous one
 ended; issued early but waiting on a slot's `used` event; after the last copy), the compute stream's expert-group
@@ -20,7 +21,8 @@ from strata.accel.engine import GpuEngine
 from strata.accel.memplan import budget_holding
 
 walk = next((x.split("=", 1)[1] for x in sys.argv if x.startswith("--walk=")), None)
-argv = [x for x in sys.argv if not x.startswith("--walk=")]
+detail = next((int(x.split("=", 1)[1]) for x in sys.argv if x.startswith("--detail=")), None)
+argv = [x for x in sys.argv if not x.startswith(("--walk=", "--detail="))]
 assert walk in (None, "routed-only", "stream-all"), f"--walk={walk}: routed-only or stream-all"
 path, lengths = argv[1], [int(x) for x in argv[2].split(",")]
 n_ctx = int(argv[3]) if len(argv) > 3 else 8200
@@ -119,3 +121,12 @@ for L in lengths:
         lc = [x for x in cs if x[3] == l]
         rows.append(f"L{l}@{a:.1f}-{b:.1f}: copies {lc[0][0]:.1f}-{lc[-1][1]:.1f} busy {sum(y - x for x, y, *_ in lc):.1f}" if lc else f"L{l}@{a:.1f}-{b:.1f}: no copies")
     print("  " + "; ".join(rows[:24]))
+    if detail is not None:   # one layer's chronology: when the host issued each copy run and group, when the GPU ran it
+        a, b, l = next(x for x in ms if x[2] == detail)
+        t_in = next((t - hb) * 1e3 for k, ll, t, *_ in rec if k == "moe" and ll == detail)
+        t_out = next((t1 - hb) * 1e3 for k, ll, t, e0, e1, t1 in rec if k == "moe" and ll == detail)
+        print(f"  L{detail} detail: MoE on the GPU {a:.2f}-{b:.2f}, on the host {t_in:.2f}-{t_out:.2f} (ms)")
+        evs = [("copy", h, x, y, n) for x, y, h, ll, n in cs if ll == detail and a - 1 <= x <= b]
+        evs += [("group", h, x, y, n) for x, y, h, ll, n in gs if ll == detail and a - 1 <= x <= b]
+        for kind, h, x, y, n in sorted(evs, key=lambda e: e[1]):
+            print(f"    {kind:5s} {n:3d}  host {h:7.2f}  gpu {x:7.2f}-{y:7.2f}")

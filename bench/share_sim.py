@@ -11,7 +11,10 @@ python bench/share_sim.py --model X.gguf --json share.json [--trace routing.npz 
 A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens routes as its first L tokens; with
 LABEL= it routes that configuration of the JSON only ("small_pool"), each with its own (bench/cpu_share.py records
 one a configuration since stop 19). A configuration's "pool_probe" (bench/cpu_share.py since the probe: its own
-pool timed on the model's experts) prices the CPU experts in place of the catalogue's pool model, as the header says.
+pool timed on the model's experts) prices the CPU experts in place of the catalogue's pool model, as the header says;
+its "layout_us" (since stop 25: the host's time a layer from the routing sync to the first launch group, measured in
+its first off prompts) prices that host work in place of the catalogue's group_us line, as the lent hosts' Python
+differs lease to lease.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
             link_gbps: float | None = None, calib: dict | None = None,
             link_copy_us: float = EMULATED_COPY_US, host_issue_us: float | None = None,
             cpu: dict | None = None, routed_group: int | None = None, engine: str | None = None,
-            probe: dict | None = None, h2d_gbps: float | None = None) -> dict:
+            probe: dict | None = None, h2d_gbps: float | None = None, layout: dict | None = None) -> dict:
     """{(L, setting): predicted prompt ms} for settings 'off', fixed shares ('0.3') and 'auto' (and 'auto_share', the
     simulated meter's share after auto's session, 'auto_policy' its GatedShare per size class). link_gbps: the
     bench ran with STRATA_DBG_LINK_GBPS, so every copy took n / link_gbps (the engine holds the copy stream from
@@ -110,12 +113,16 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     engine: the run's engine (ENGINES: its routed-only group unless routed_group names one, and Run's flags).
     probe: the configuration's "pool_probe" (bench/cpu_share.py): its pool's measured cost in place of the modelled
     one (sim.costs.PoolProbe); None: the catalogue's pool. h2d_gbps: the run's link probe (bench/cpu_share.py, one
-    blob copied back to back): the catalogue's link scaled to it (LinkSpec.probed); ignored on an emulated link."""
+    blob copied back to back): the catalogue's link scaled to it (LinkSpec.probed); ignored on an emulated link.
+    layout: the run's host layout a layer, {tokens: µs} (bench/cpu_share.py: its first prompts' off runs), in
+    place of the catalogue's group_us line (sim.costs.Costs.group_us)."""
     flags = dict(ENGINES[engine]) if engine else {}
     group = flags.pop("routed_group", None)
     slots = flags.pop("routed_slots", None)
     group = routed_group or group
     with routed_walk(group, slots):
+        if layout:
+            flags["layout"] = tuple((int(t), float(us)) for t, us in layout.items())
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
                         host_issue_us, cpu, flags, probe, h2d_gbps)
 
@@ -187,6 +194,14 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
 
 def link_note(h2d_gbps: float | None, emulated: float | None) -> str:
     return f", link probed: {h2d_gbps:.1f} GB/s a blob" if h2d_gbps and not emulated else ""
+
+
+def layout_note(layout: dict | None) -> str:
+    """The header's word on the host: nothing where the catalogue's line priced the layout."""
+    if not layout:
+        return ""
+    us = [layout[t] for t in sorted(layout, key=int)]
+    return f", host layout measured: {us[0] / 1e3:.1f}..{us[-1] / 1e3:.1f} ms a layer"
 
 
 def probe_note(probe: dict | None) -> str:
@@ -303,8 +318,8 @@ def main():
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
                     "stop22, stop23: those stops' runs)")
-    ap.add_argument("--no-probe", action="store_true", help="price the pool and the link by the catalogue even where "
-                    "the JSON holds the run's pool_probe and h2d_probe_gbps")
+    ap.add_argument("--no-probe", action="store_true", help="price the pool, the link and the host's layout by the "
+                    "catalogue even where the JSON holds the run's pool_probe, h2d_probe_gbps and layout_us")
     a = ap.parse_args()
     sys.path.insert(0, __file__.rsplit("/", 2)[0])
     from sim.workload import TraceRouting
@@ -326,17 +341,19 @@ def main():
         link = rep.get("link_gbps")
         probe = None if a.no_probe else rep.get("pool_probe")
         h2d = None if a.no_probe else rep.get("h2d_probe_gbps")
+        layout = None if a.no_probe else rep.get("layout_us")
         pred = predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                       routed_group=a.routed_group, engine=a.engine, probe=probe, h2d_gbps=h2d)
+                       routed_group=a.routed_group, engine=a.engine, probe=probe, h2d_gbps=h2d, layout=layout)
         print(f"{label}: {rep['workers']} pool workers{f', link held to {link:g} GB/s' if link else ''}; "
               f"simulator ({a.machine}, "
-              f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}{link_note(h2d, link)}), "
-              f"ms: measured / predicted (error)")
+              f"{'traced' if routing is not None else 'Zipf'} routing{probe_note(probe)}{link_note(h2d, link)}"
+              f"{layout_note(layout)}), ms: measured / predicted (error)")
         print("\n".join(comparison_lines(table, pred, lengths, names)))
         ends = probe_extremes(probe)
         if ends:
             lo, hi = (predict(m, plan, lengths, names, rep["workers"], n_ctx, a.machine, routing, link,
-                              routed_group=a.routed_group, engine=a.engine, probe=p, h2d_gbps=h2d) for p in ends)
+                              routed_group=a.routed_group, engine=a.engine, probe=p, h2d_gbps=h2d, layout=layout)
+                      for p in ends)
             print(range_line(table, pred, lo, hi, lengths, names))
 
 

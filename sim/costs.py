@@ -43,7 +43,8 @@ class PoolProbe:
 
 
 class Costs:
-    def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB, probe: PoolProbe | None = None):
+    def __init__(self, machine: Machine, model: SimModel, calib: Calib = CALIB, probe: PoolProbe | None = None,
+                 layout: tuple[tuple[int, float], ...] | None = None):
         calib = calib.over(machine.calib)   # constants measured on this machine win over the seed-fitted ones
         self.machine, self.model, self.calib = machine, model, calib
         self.mmq = calib.gpu_experts == "mmq"
@@ -62,6 +63,9 @@ class Costs:
         ]
         self._family = [family(TYPE_NAME[s.type_of("exp_gate", l)]) for l in range(L)]
         self.probe = probe   # measured on the run's own pool: its layers' CPU experts cost what it measured
+        # measured on the run's own host, (tokens, µs) by chunk size: a layer's layout (group_us); the lent hosts'
+        # Python differs lease to lease (flash-shape, 1,000 tokens: 2.6 ms a layer at fa942c0, prefill_timeline)
+        self.layout = tuple(sorted(layout)) if layout else None
         roles = ("exp_gate", "exp_up", "exp_down")
         self._probed = [probe is not None and probe.types == tuple(TYPE_NAME[s.type_of(r, l)] for r in roles)
                         for l in range(L)]
@@ -213,6 +217,18 @@ class Costs:
         return self.calib.sync_us[self.machine.gpu.api]
 
     def group_us(self, t: int) -> float:
+        """The host's time from a layer's routing sync to its first launch group (the choice, the first copies,
+        the row layout, the tables): the run's own where measured (GpuEngine.stats.layout_s, bench/cpu_share.py),
+        linear between its chunk sizes and flat beyond them; else the catalogue's line."""
+        if self.layout:
+            t0, u0 = self.layout[0]
+            if t <= t0:
+                return u0
+            for t1, u1 in self.layout[1:]:
+                if t <= t1:
+                    return u0 + (u1 - u0) * (t - t0) / (t1 - t0)
+                t0, u0 = t1, u1
+            return u0
         return self.calib.group_us + self.calib.group_us_per_pair * t * self.model.k
 
     def input_d2h_us(self, t: int) -> float:

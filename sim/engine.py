@@ -71,6 +71,7 @@ class Run:
     calib: Calib = CALIB  # the model's constants (calibrate.py fits them)
     costs: Costs | None = None  # durations; None: Costs(machine, model, calib, probe) (tests pass fixed ones)
     probe: PoolProbe | None = None  # the run's pool as measured (bench/cpu_share.py), over the modelled pool
+    layout: tuple | None = None  # ((tokens, µs), ...): the run's host layout a layer as measured, over calib.group_us
     resident: int | None = None  # experts resident during the prompt; None: the cache minus the loan
     residency: tuple | None = None  # per layer, per expert: resident during the prompt (an engine's own fill,
     #                                 e.g. its uniform order); None: the hottest `resident` pairs of the routing
@@ -149,7 +150,7 @@ class Result:
 def prefill(run: Run, session: Session | None = None) -> Result:
     env = simpy.Environment()
     tl = Timeline(run.timeline)
-    costs = run.costs or Costs(run.machine, run.model, run.calib, run.probe)
+    costs = run.costs or Costs(run.machine, run.model, run.calib, run.probe, run.layout)
     share = run.share
     session = session or Session(share_policy(share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
                                                      class_seed=run.class_seed, margin=run.margin))

@@ -313,3 +313,18 @@ def test_a_prompt_of_several_chunks_shows_its_progress():
         assert lines == []
     finally:
         dev.close()
+
+
+def test_layout_time_counts_prompt_layers_only(prompts):
+    """Stats.layout_s / layouts, the host's time from a routing sync to the first launch group that
+    bench/cpu_share.py gives the simulator: one reading a prompt layer of each chunk, none from decode steps."""
+    m = models.load(golden.model_path(NAMES[0]))
+    ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
+    dev = make_device("host")
+    try:
+        _, eng = _run(m, dev, ids, [1, 2, 3], expert_cache=0, config=policy.Config(decode_graph=False))
+    finally:
+        dev.close()
+    assert eng.stats.lookups > 0                        # the decode steps went through the per-layer MoE block
+    assert eng.stats.layouts == len(eng.stats.chunks) * m.cfg.n_layer
+    assert eng.stats.layout_s > 0

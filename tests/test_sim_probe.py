@@ -214,3 +214,34 @@ def test_cpu_share_prints_a_size_classs_policy_state():
     p.gate.ratios.extend([0.97, 1.02])
     assert class_state(p) == ("meter share 0.05 (balance 0.048, 0 share arms vetoed), gate do not share after 0 "
                               "eligible layers (ratios 0.970 1.020)")
+
+
+def test_a_measured_layout_replaces_the_catalogues_line():
+    """Costs.group_us: the run's own layout a layer (bench/cpu_share.py, GpuEngine.stats.layout_s) at its chunk
+    sizes, linear between them and flat beyond; none measured, the catalogue's line."""
+    m = _flash()
+    mach = machine("h200-host16")
+    base = Costs(mach, m)
+    assert base.group_us(512) == pytest.approx(base.calib.group_us + base.calib.group_us_per_pair * 512 * m.k)
+    c = Costs(mach, m, layout=((1000, 2600.0), (250, 1600.0), (512, 2000.0)))   # any order
+    assert [c.group_us(t) for t in (100, 250, 381, 512, 756, 1000, 2048)] == pytest.approx(
+        [1600.0, 1600.0, 1800.0, 2000.0, 2300.0, 2600.0, 2600.0])
+    assert Costs(mach, m, layout=((600, 900.0),)).group_us(2048) == 900.0
+
+
+def test_the_simulated_prompt_follows_the_measured_layout():
+    """A slower host layout lengthens an off prompt of the routed-only walk (the link idles once the first copies
+    have landed), a layout equal to the catalogue's line leaves it to the bit."""
+    m = _flash()
+    mach = machine("h200-host16")
+    same = tuple((t, Costs(mach, m).group_us(t)) for t in (250,))
+    run = Run(mach, m, 250, cfg=setting_config("off"), cache_slots=512)
+    ms = [prefill(dataclasses.replace(run, layout=lay)).prompt_ms for lay in (None, same, ((250, 3000.0),))]
+    assert ms[0] == ms[1] < ms[2]
+
+
+def test_share_sim_names_the_measured_layout():
+    from share_sim import layout_note
+
+    assert layout_note(None) == "" and layout_note({}) == ""
+    assert layout_note({"1000": 2620.0, "250": 1580.0, "512": 2070.0}) == ", host layout measured: 1.6..2.6 ms a layer"

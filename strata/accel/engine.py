@@ -35,6 +35,8 @@ class Stats:
     streamed_bytes: int = 0
     streamed_experts: int = 0
     sync_wait_s: float = 0.0   # host time blocked in routing syncs (the rest of a step is host work)
+    layout_s: float = 0.0      # prompt layers' host time from the routing sync to the first launch group (the
+    layouts: int = 0           # choice, first copies, row layout, tables): the simulator's group_us, measured
     lookups: int = 0           # routed (layer, expert) pairs during decode
     hits: int = 0              # of which resident
     tier_moves: int = 0        # adaptive-tier admissions (SPEC §7)
@@ -369,7 +371,8 @@ class GpuEngine:
         self.sync_ev.record(s)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
-        self.stats.sync_wait_s += time.perf_counter() - t_sync
+        t_synced = time.perf_counter()
+        self.stats.sync_wait_s += t_synced - t_sync
         ids = self.ids_host[:T * K].reshape(T, K).copy()
         if self.on_routing:
             self.on_routing(layer, ids)
@@ -416,6 +419,9 @@ class GpuEngine:
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
         tabs = self._runner.tables(layer, plan, lay) if plan else []
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
+        if not self._decode:
+            self.stats.layout_s += time.perf_counter() - t_synced
+            self.stats.layouts += 1
         ri = 0
         if res_groups and sgroups:          # the compute stream is idle while the first copies land
             self._runner.group(layer, res_groups[0], res_tabs[0], lay)
