@@ -6,8 +6,9 @@ measure the steady state (the gate's state persists across requests, SPEC §6); 
 exploration, are printed beside off before them. Before them and after each round each configuration's pool is
 probed on the model's experts (bench/cpu_pool.py pool_probe: µs an expert at 1..8 tokens, a batch's fixed µs; the
 lent machines' pools differ from lease to lease and drift within one); the probes' medians (merge_probes) are its
-"pool_probe", which the simulator column uses (bench/share_sim.py), as it uses the host's layout a layer measured in
-auto's first prompts' off runs ("layout_us": the engine's Python differs lease to lease too).
+"pool_probe", which the simulator column uses (bench/share_sim.py), as it uses the host's layout a layer measured on
+off prompts of each length before auto's first prompts ("layout_us", host_layout: the engine's Python differs lease
+to lease too).
 
 python bench/cpu_share.py --model X.gguf [--cache-frac 0.25] [--prompts 250,512,600,900,1000,2048] [--rounds 3]
                           [--shares 0.3,0.6] [--workers N] [--losing-workers 2] [--probe-reps 5] [--json out.json]
@@ -72,6 +73,26 @@ def auto_against_off(logits: dict, cpu: dict, lengths: list[int], rounds: int) -
             + (f"mean {statistics.mean(shared):.2e}, max {max(shared):.2e}" if shared else "none")
             + f"; top-1 agreement {agree:.3f} ({ties} near-ties excluded); the seeds: mean about 0.004, max 0.025")
     return {"n": len(kls), "kl": kls, "cpu_took": took, "top1": agree, "near_ties": ties, "line": line}
+
+
+LAYOUT_REPS = 3   # one prompt's 8 layers read 1.3 or 2.2 ms a layer at 250 tokens on one lease (stop 25)
+
+
+def host_layout(eng, settle, off, pol, lengths, n_vocab) -> dict:
+    """The host's µs a layer from a routing sync to the first launch group (GpuEngine.stats.layout_s), per prompt
+    length: the median over LAYOUT_REPS off prompts of each one's mean a layer (bench/share_sim.py's layout_us). Its
+    own prompts (a generator of their own), so the rounds' prompts are those of the runs before stop 25."""
+    rng = np.random.default_rng(2)
+    eng.use_share(off, pol)
+    per = {L: [] for L in lengths}
+    for _ in range(LAYOUT_REPS):
+        for L in lengths:
+            eng.reset()
+            settle(eng)
+            s0, n0 = eng.stats.layout_s, eng.stats.layouts
+            eng.prefill(rng.integers(0, n_vocab, L).tolist())
+            per[L].append((eng.stats.layout_s - s0) / max(1, eng.stats.layouts - n0) * 1e6)
+    return {L: statistics.median(v) for L, v in per.items()}
 
 
 def main():
@@ -152,25 +173,22 @@ def main():
         # auto's first prompts, from a fresh meter and gate (its exploration, SPEC §6), beside off; then the
         # rounds measure the steady state: the gate's state persists across requests (SPEC §6)
         pols = {name: eng.use_share(sh) for name, sh in settings}
+        layout = host_layout(eng, settle, dict(settings)["off"], pols["off"], lengths, c.n_vocab)
         first = {n: [] for n in ("off", "auto")}
-        layout = {}                       # L -> the host's µs a layer from routing sync to first launch group (off)
         for L in lengths:
             ids = rng.integers(0, c.n_vocab, L).tolist()
             for name in ("off", "auto"):
                 eng.use_share(dict(settings)[name], pols[name])
                 eng.reset()
                 settle(eng)
-                s0, n0 = eng.stats.layout_s, eng.stats.layouts
                 t0 = time.perf_counter()
                 eng.prefill(ids)
                 first[name].append((time.perf_counter() - t0) * 1e3)
-                if name == "off":
-                    layout[L] = (eng.stats.layout_s - s0) / max(1, eng.stats.layouts - n0) * 1e6
         print(f"\n{label}: auto's first prompts (exploring), ms: " + ", ".join(
             f"{L}: {a_:.1f} vs off {o:.1f} ({100 * (a_ / o - 1):+.1f}%)"
             for L, a_, o in zip(lengths, first["auto"], first["off"])))
-        print(f"{label}: host layout (routing sync to first launch group, off, for the simulator), ms a layer: "
-              + ", ".join(f"{L}: {us / 1e3:.2f}" for L, us in layout.items()))
+        print(f"{label}: host layout (routing sync to first launch group, off, medians of {LAYOUT_REPS} prompts, for the "
+              f"simulator), ms a layer: " + ", ".join(f"{L}: {us / 1e3:.2f}" for L, us in layout.items()))
         res = {L: {n: [] for n, _ in settings} for L in lengths}
         cpu = {L: {n: [] for n, _ in settings} for L in lengths}
         streamed = {L: {n: [] for n, _ in settings} for L in lengths}

@@ -12,9 +12,9 @@ A trace is an .npz with `ids` [layers, tokens, k] (int): a prompt of L tokens ro
 LABEL= it routes that configuration of the JSON only ("small_pool"), each with its own (bench/cpu_share.py records
 one a configuration since stop 19). A configuration's "pool_probe" (bench/cpu_share.py since the probe: its own
 pool timed on the model's experts) prices the CPU experts in place of the catalogue's pool model, as the header says;
-its "layout_us" (since stop 25: the host's time a layer from the routing sync to the first launch group, measured in
-its first off prompts) prices that host work in place of the catalogue's group_us line, as the lent hosts' Python
-differs lease to lease.
+its "layout_us" (since stop 25: the host's time a layer from the routing sync to the first launch group, measured
+in off prompts of its own before the rounds) prices that host work in place of the catalogue's group_us line, as the
+lent hosts' Python differs lease to lease.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     probe: the configuration's "pool_probe" (bench/cpu_share.py): its pool's measured cost in place of the modelled
     one (sim.costs.PoolProbe); None: the catalogue's pool. h2d_gbps: the run's link probe (bench/cpu_share.py, one
     blob copied back to back): the catalogue's link scaled to it (LinkSpec.probed); ignored on an emulated link.
-    layout: the run's host layout a layer, {tokens: µs} (bench/cpu_share.py: its first prompts' off runs), in
+    layout: the run's host layout a layer, {tokens: µs} (bench/cpu_share.py host_layout), in
     place of the catalogue's group_us line (sim.costs.Costs.group_us)."""
     flags = dict(ENGINES[engine]) if engine else {}
     group = flags.pop("routed_group", None)
@@ -200,8 +200,8 @@ def layout_note(layout: dict | None) -> str:
     """The header's word on the host: nothing where the catalogue's line priced the layout."""
     if not layout:
         return ""
-    us = [layout[t] for t in sorted(layout, key=int)]
-    return f", host layout measured: {us[0] / 1e3:.1f}..{us[-1] / 1e3:.1f} ms a layer"
+    us = layout.values()
+    return f", host layout measured: {min(us) / 1e3:.1f}..{max(us) / 1e3:.1f} ms a layer"
 
 
 def probe_note(probe: dict | None) -> str:

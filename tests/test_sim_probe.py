@@ -245,3 +245,27 @@ def test_share_sim_names_the_measured_layout():
 
     assert layout_note(None) == "" and layout_note({}) == ""
     assert layout_note({"1000": 2620.0, "250": 1580.0, "512": 2070.0}) == ", host layout measured: 1.6..2.6 ms a layer"
+
+
+def test_cpu_share_measures_the_host_layout_per_length():
+    """bench/cpu_share.py host_layout: per prompt length the median over its off prompts of the engine's layout a
+    layer (GpuEngine.stats.layout_s), from LAYOUT_REPS prompts a length, each a reading from every layer."""
+    from cpu_share import LAYOUT_REPS, host_layout
+    from strata import models, policy
+    from strata.accel.cpu.pool import ExpertPool
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+    from strata.policy import Share, ShareMode
+    from strata.reference import golden
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    dev, pool = HostDevice(), ExpertPool(workers=1)
+    try:
+        eng = GpuEngine(m, dev, n_ctx=64, pool=pool, config=policy.Config(cpu_share=0.0))
+        off = Share(ShareMode.OFF)
+        got = host_layout(eng, lambda e: None, off, eng.use_share(off), [8, 24], m.cfg.n_vocab)
+    finally:
+        pool.close()
+        dev.close()
+    assert list(got) == [8, 24] and all(us > 0 for us in got.values())
+    assert eng.stats.layouts == LAYOUT_REPS * 2 * m.cfg.n_layer
