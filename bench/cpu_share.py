@@ -79,7 +79,7 @@ LAYOUT_REPS = 3   # one prompt's 8 layers read 1.3 or 2.2 ms a layer at 250 toke
 
 
 def host_layout(eng, settle, off, pol, lengths, n_vocab) -> dict:
-    """The host's µs a layer from a routing sync to the first launch group (GpuEngine.stats.layout_s), per prompt
+    """The host's µs a layer from a routing sync to the first launch group (engine Stats.layout_s), per prompt
     length: the median over LAYOUT_REPS off prompts of each one's mean a layer (bench/share_sim.py's layout_us). Its
     own prompts (a generator of their own), so the rounds' prompts are those of the runs before stop 25."""
     rng = np.random.default_rng(2)

@@ -21,6 +21,7 @@ class Calib:
     sync_us: Mapping[str, float]  # the routing sync's host wake-up, per API
     group_us: float  # host grouping: fixed part
     group_us_per_pair: float  # ... per (token, k) pair
+    group_us_per_expert: float  # ... per expert of the layer (its counts, placement, launch groups' tables)
     pin_us_per_mib: float  # cudaHostAlloc/grow of a pinned buffer
     pool_dispatch_us: float  # CPU thread launch + join
     cpu_job_us: float  # per CPU expert job (barriers, activation quantisation)

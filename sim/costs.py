@@ -218,8 +218,9 @@ class Costs:
 
     def group_us(self, t: int) -> float:
         """The host's time from a layer's routing sync to its first launch group (the choice, the first copies,
-        the row layout, the tables): the run's own where measured (GpuEngine.stats.layout_s, bench/cpu_share.py),
-        linear between its chunk sizes and flat beyond them; else the catalogue's line."""
+        the row layout, the tables): the run's own where measured (engine Stats.layout_s, bench/cpu_share.py),
+        linear between its chunk sizes and flat beyond them; else the catalogue's line (a fixed part, a part a
+        layer's expert, a part a (token, k) pair)."""
         if self.layout:
             t0, u0 = self.layout[0]
             if t <= t0:
@@ -229,7 +230,8 @@ class Costs:
                     return u0 + (u1 - u0) * (t - t0) / (t1 - t0)
                 t0, u0 = t1, u1
             return u0
-        return self.calib.group_us + self.calib.group_us_per_pair * t * self.model.k
+        cal = self.calib
+        return cal.group_us + cal.group_us_per_expert * self.model.n_expert + cal.group_us_per_pair * t * self.model.k
 
     def input_d2h_us(self, t: int) -> float:
         return self.machine.link.d2h_us(t * self.model.shape.n_embd * 4.0)
