@@ -48,7 +48,9 @@ def test_groups_as_the_engine_forms_them():
         want = ExpertRunner.resident_groups(runner, list(range(len(rows))), lay)
         assert walks.resident_groups(rows, cap) == want
         entries = sorted(rng.sample(range(400), rng.randint(1, 100)))
-        ring, limit = rng.choice([16, 30, 284]), rng.choice([4, 8, 16])
+        if rng.random() < 0.3:                          # the routed-only walk's: consecutive (walk_runs' chunks)
+            entries = list(range(rng.randint(0, 50), rng.randint(51, 300)))
+        ring, limit = rng.choice([6, 16, 30, 284]), rng.choice([4, 8, 16])
         got = walk_runs(entries, limit, ring)
         assert [k for g in got for k in g] == entries                  # every entry, in order, once
         assert all(len(g) <= limit and g[-1] - g[0] < ring for g in got)
