@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .calibration import CALIB, Calib
 from .hardware import Machine, catalogue
 from .models import TYPE_NAME, SimModel, family
@@ -66,6 +68,7 @@ class Costs:
         # measured on the run's own host, (tokens, µs) by chunk size: a layer's layout (group_us); the lent hosts'
         # Python differs lease to lease (flash-shape, 1,000 tokens: 2.6 ms a layer at fa942c0, prefill_timeline)
         self.layout = tuple(sorted(layout)) if layout else None
+        self._layout_xy = tuple(zip(*self.layout)) if self.layout else None   # (tokens..., µs...) for np.interp
         roles = ("exp_gate", "exp_up", "exp_down")
         self._probed = [probe is not None and probe.types == tuple(TYPE_NAME[s.type_of(r, l)] for r in roles)
                         for l in range(L)]
@@ -219,17 +222,11 @@ class Costs:
     def group_us(self, t: int) -> float:
         """The host's time from a layer's routing sync to its first launch group (the choice, the first copies,
         the row layout, the tables): the run's own where measured (engine Stats.layout_s, bench/cpu_share.py),
-        linear between its chunk sizes and flat beyond them; else the catalogue's line (a fixed part, a part a
-        layer's expert, a part a (token, k) pair)."""
+        linear between its chunk sizes and flat beyond them (it holds the first copy runs' issue, which the walk
+        charges too: a few runs, under 0.1 ms); else the catalogue's line (a fixed part, a part a layer's expert,
+        a part a (token, k) pair)."""
         if self.layout:
-            t0, u0 = self.layout[0]
-            if t <= t0:
-                return u0
-            for t1, u1 in self.layout[1:]:
-                if t <= t1:
-                    return u0 + (u1 - u0) * (t - t0) / (t1 - t0)
-                t0, u0 = t1, u1
-            return u0
+            return float(np.interp(t, *self._layout_xy))
         cal = self.calib
         return cal.group_us + cal.group_us_per_expert * self.model.n_expert + cal.group_us_per_pair * t * self.model.k
 
