@@ -149,14 +149,11 @@ def batch_plan(pool, blobs, types, d: int, f: int, xs, outs, n: int):
 
 
 def share_us(pool, plan) -> float:
-    """Wall µs of one batch run as the prefill share runs it: submitted to the workers and waited for
-    (CpuBlock.launch, settle: the engine thread takes no tiles); a pool of the host thread alone runs it inline."""
+    """Wall µs of one batch run as the prefill share runs it (strata/accel/cpu_block.py run_share)."""
+    from strata.accel.cpu_block import run_share
+
     t0 = time.perf_counter()
-    if pool.workers:
-        pool.submit(*plan)
-        pool.wait()
-    else:
-        pool.run_plan(*plan)
+    run_share(pool, plan)
     return (time.perf_counter() - t0) * 1e6
 
 

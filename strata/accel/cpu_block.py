@@ -23,6 +23,16 @@ from strata.policy import (CHOOSERS, MAXT, PRIME_EXPERTS, PRIME_TOKENS, ChooserK
 from strata.policy.share import ShareKind
 
 
+def run_share(pool, plan) -> None:
+    """Run a planned batch as the prefill share does: submitted to the workers and waited for, the engine thread
+    taking no tiles (launch, settle); a pool of the host thread alone runs it inline (on a share's own thread)."""
+    if pool.workers > 0:
+        pool.submit(*plan)
+        pool.wait()
+    else:
+        pool.run_plan(*plan)
+
+
 class CpuBlock:
     def __init__(self, dev, cfg, arena, pool, share, config, cap: int, log=None):
         self.dev, self.cfg, self.arena, self.pool = dev, cfg, arena, pool
@@ -65,12 +75,12 @@ class CpuBlock:
     def probe_prior(self, h2d_gbps: float, n: int = PRIME_EXPERTS, tokens: int = PRIME_TOKENS, reps: int = 3,
                     clock=time.perf_counter):
         """Costs an expert for prime(), at load: the pool's wall ms an expert over a batch of `n` layer-0 experts
-        of `tokens` tokens (policy.PRIME_EXPERTS, PRIME_TOKENS), run as a share runs it (launch: submitted to the workers and waited for, the plan built
+        of `tokens` tokens (policy.PRIME_EXPERTS, PRIME_TOKENS), run as a share runs it (run_share: the plan built
         before the clock starts), median of `reps` after one that warms up; a blob's copy at the H2D rate
-        `h2d_gbps`. -> (c_ms, g_ms, n, tokens). (Through pool.run, with the engine thread taking tiles and the
-        plan's Python on the clock, the H200's 14-worker pool read 0.348 ms an expert where bench/cpu_pool.py's
-        probe reads ~0.09, and its 2-worker one 0.37 where that reads ~0.5: share_f_full_stop24b.log. This form is
-        bench/cpu_pool.py's share_us; not yet measured on the device.)"""
+        `h2d_gbps`. -> (c_ms, g_ms, n, tokens). On the H200 (stop 25, share_f_full_stop25c.log) the 14-worker
+        pool read 0.114 ms an expert, what bench/cpu_pool.py's probe gives a 32-expert batch of 2 tokens
+        (0.107 + 0.218 / 32); through pool.run, the engine thread taking tiles and the plan's Python on the clock,
+        it had read 0.348 (share_f_full_stop24b.log)."""
         from strata.accel.cpu.pool import ExpertJob
 
         c, l = self.cfg, 0
@@ -83,11 +93,7 @@ class CpuBlock:
         walls = []
         for _ in range(reps + 1):
             t0 = clock()
-            if self.pool.workers > 0:
-                self.pool.submit(*plan)
-                self.pool.wait()
-            else:                       # a pool of the host thread alone runs a share on a thread of its own
-                self.pool.run_plan(*plan)
+            run_share(self.pool, plan)
             walls.append((clock() - t0) * 1e3 / n)
         return sorted(walls[1:])[reps // 2], blobs[0].nbytes / (h2d_gbps * 1e6), n, tokens
 

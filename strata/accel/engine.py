@@ -174,8 +174,8 @@ class GpuEngine:
 
     def _probe_h2d(self, reps: int = 8) -> float:
         """Pinned H2D GB/s at blob-sized copies (the decode ring's slot 0; a few ms at start), after one untimed
-        copy: at load on the H200 it once read 18.6 GB/s where the link carries ~50 (share_f_full_stop24b.log), a
-        cold first copy being the suspect (not yet measured with the warm-up)."""
+        copy: at load on the H200 it once read 18.6 GB/s where the link carries ~50 (share_f_full_stop24b.log);
+        with the warm-up it read 47.0-50.8 GB/s in stop 25's six loads (share_f_full_stop25*.log)."""
         blob = self.arena.blob(0, 0)
         self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)
         e0, e1 = self.dev.event(), self.dev.event()
