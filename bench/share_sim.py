@@ -66,7 +66,10 @@ EMULATED_COPY_US = 7.0
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
 # before auto's meter per layer (78d1d29, stop 23), before a new size class's meter started from the last one's
 # (015a381, stop 23), before the meter's margin (c0a2aac, stop 24), before its start from a load probe (stop 24)
-UNPRIMED = dict(prime=False)
+# every one of those runs was replayed with the catalogue's layout line of stop 21 from then on
+# (share_sim_check_stop2[1-3].log), refitted in stop 25 to the layouts the engine measures: their replays keep it
+OLD_LAYOUT = dict(calib={"group_us": 700.0, "group_us_per_pair": 0.08, "group_us_per_expert": 0.0})
+UNPRIMED = dict(prime=False, **OLD_LAYOUT)
 BALANCE = dict(margin=0.0, **UNPRIMED)
 UNSEEDED = dict(class_seed=False, **BALANCE)
 ONE_METER = dict(layer_meters=False, **UNSEEDED)
@@ -117,6 +120,7 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     layout: the run's host layout a layer, {tokens: µs} (bench/cpu_share.py host_layout), in
     place of the catalogue's group_us line (sim.costs.Costs.group_us)."""
     flags = dict(ENGINES[engine]) if engine else {}
+    calib = {**flags.pop("calib", {}), **(calib or {})}
     group = flags.pop("routed_group", None)
     slots = flags.pop("routed_slots", None)
     group = routed_group or group

@@ -67,8 +67,7 @@ class Costs:
         self.probe = probe   # measured on the run's own pool: its layers' CPU experts cost what it measured
         # measured on the run's own host, (tokens, µs) by chunk size: a layer's layout (group_us); the lent hosts'
         # Python differs lease to lease (flash-shape, 1,000 tokens: 2.6 ms a layer at fa942c0, prefill_timeline)
-        self.layout = tuple(sorted(layout)) if layout else None
-        self._layout_xy = tuple(zip(*self.layout)) if self.layout else None   # (tokens..., µs...) for np.interp
+        self.layout = tuple(zip(*sorted(layout))) if layout else None   # ((tokens...), (µs...)) for np.interp
         roles = ("exp_gate", "exp_up", "exp_down")
         self._probed = [probe is not None and probe.types == tuple(TYPE_NAME[s.type_of(r, l)] for r in roles)
                         for l in range(L)]
@@ -226,7 +225,7 @@ class Costs:
         charges too: a few runs, under 0.1 ms); else the catalogue's line (a fixed part, a part a layer's expert,
         a part a (token, k) pair)."""
         if self.layout:
-            return float(np.interp(t, *self._layout_xy))
+            return float(np.interp(t, *self.layout))
         cal = self.calib
         return cal.group_us + cal.group_us_per_expert * self.model.n_expert + cal.group_us_per_pair * t * self.model.k
 
