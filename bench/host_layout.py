@@ -37,6 +37,17 @@ class _PackOnly:
         return CudaKernels.expert_tables(self, sets, offs, tiles, stream)
 
 
+def pack_only_runner(group: int):
+    """An ExpertRunner that forms launch groups and packs their tables (few rows: the engine's), with no device."""
+    from strata.accel.moe import FEW_ROWS, ExpertRunner
+
+    runner = ExpertRunner.__new__(ExpertRunner)
+    runner.k, runner.dev = _PackOnly(), SimpleNamespace(compute=None)
+    runner.bufs = SimpleNamespace(w_d=np.zeros((group, 1)))    # the weight scratch's depth: the group's
+    runner.offsets, runner.few_rows = [(0, 1, 2)], FEW_ROWS
+    return runner
+
+
 def window(ids, resident, runner, ring: int, group: int, blob: int, clock=time.perf_counter) -> dict:
     """One layer's layout window as GpuEngine.moe runs it, step by step (µs)."""
     from strata.accel.moe import placement, row_layout
@@ -72,7 +83,6 @@ def main():
     a = ap.parse_args()
     from sim.models import model
     from strata.accel.cache import uniform_order
-    from strata.accel.moe import ExpertRunner
 
     m = model(a.preset)
     E, K = m.n_expert, m.k
@@ -88,14 +98,9 @@ def main():
         p = 1.0 / np.arange(1, E + 1) ** 0.8
         p /= p.sum()
         ids_of = {T: np.stack([rng.choice(E, K, replace=False, p=p) for _ in range(T)]) for T in sizes}
-    resident = np.zeros(E, bool)
-    for l, e in uniform_order(4, E)[:E]:                               # a quarter of 4 layers' pairs: layer 3's
-        if l == 3:
-            resident[e] = True
-    runner = ExpertRunner.__new__(ExpertRunner)     # tables and groups only: no device, no blobs
-    runner.k, runner.dev = _PackOnly(), SimpleNamespace(compute=None)
-    runner.bufs = SimpleNamespace(w_d=np.zeros((a.group, 1)))
-    runner.offsets, runner.few_rows = [(0, 1, 2)], 8
+    resident = np.zeros(E, bool)                    # the uniform fill of a quarter of 4 layers' pairs: layer 3's
+    resident[[e for l, e in uniform_order(4, E)[:E] if l == 3]] = True
+    runner = pack_only_runner(a.group)
     blob = m.blob_bytes(0)
     got = {T: [] for T in sizes}
     for r in range(a.reps + 1):                      # interleaved sizes; the first round warms up

@@ -62,22 +62,27 @@ def test_models_of_many_experts_lay_out_alike(n_expert, T, K):
 
 def test_the_host_layout_bench_runs_the_engines_window():
     """bench/host_layout.py times GpuEngine.moe's host work from the routing sync to the first launch group on the
-    engine's own functions, step by step; the steps make up the window."""
+    engine's own functions, step by step: its tables cover every routed expert once, in the engine's launch
+    groups, and the steps make up the window."""
     import os
     import sys
-    from types import SimpleNamespace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    from host_layout import _PackOnly, window
-    from strata.accel.moe import ExpertRunner
+    from host_layout import pack_only_runner, window
 
     rng = np.random.default_rng(0)
     ids = np.stack([rng.choice(64, 4, replace=False) for _ in range(100)])
     resident = rng.random(64) < 0.25
-    runner = ExpertRunner.__new__(ExpertRunner)
-    runner.k, runner.dev = _PackOnly(), SimpleNamespace(compute=None)
-    runner.bufs, runner.offsets, runner.few_rows = SimpleNamespace(w_d=np.zeros((16, 1))), [(0, 1, 2)], 8
+    runner = pack_only_runner(16)
+    packed = []
+    tables = runner.tables
+    runner.tables = lambda layer, plan, lay: packed.append((plan, lay)) or tables(layer, plan, lay)
     ticks = iter(range(100))
     w = window(ids, resident, runner, ring=64, group=16, blob=1000, clock=lambda: next(ticks) * 1e-6)
     assert list(w) == ["counts", "placement", "row layout", "groups", "tables", "window"]
     assert [w[k] for k in list(w)[:-1]] == pytest.approx([1.0] * 5) and w["window"] == pytest.approx(5.0)
+    (plan, lay), = packed
+    members = [e for m, _, _ in plan for e in m]
+    assert members == lay.resident + lay.streamed == sorted(lay.resident) + sorted(lay.streamed)
+    assert sorted(members) == np.flatnonzero(np.bincount(ids.ravel(), minlength=64)).tolist()
+    assert all(len(m) <= 16 for m, _, _ in plan[len(runner.resident_groups(lay.resident, lay)):])
