@@ -1,6 +1,6 @@
 """The expert-major row layout (strata/accel/moe.py row_layout, SPEC §3) against a loop that states it: experts in
 row order resident | streamed | CPU, each by id; an expert's rows hold its tokens in order; slot[t, k] is the row
-of pair (t, k)."""
+of pair (t, k). The fast path sorts 16-bit expert ranks (a radix sort); a model of more experts takes 64-bit keys."""
 
 import numpy as np
 import pytest
@@ -48,7 +48,7 @@ def test_row_layout_is_the_loops(r):
 
 @pytest.mark.parametrize("n_expert, T, K", [(512, 120, 10), (40_000, 50, 4)])
 def test_models_of_many_experts_lay_out_alike(n_expert, T, K):
-    """flash-shape's 512 experts, and more than 16 bits of them (a faster sort on narrow keys must keep to the rule)."""
+    """flash-shape's 512 experts (ranks past 8 bits), and past 16 bits (64-bit keys, no radix sort)."""
     rng = np.random.default_rng(1)
     ids = np.stack([rng.choice(n_expert, K, replace=False) for _ in range(T)])
     resident = np.zeros(n_expert, bool)

@@ -194,6 +194,10 @@ def routed_group(ring: int, scratch: int) -> int:
 def walk_runs(entries: Sequence[int], limit: int, ring: int) -> list[list[int]]:
     """Walk entries (ascending queue indices) in launch groups of at most `limit` spanning fewer than `ring`
     entries, so a group's last copy can always be issued while its first slot is still held."""
+    n = len(entries)
+    if n and limit <= ring and entries[-1] - entries[0] == n - 1:   # consecutive (the routed-only walk's queue):
+        e = list(entries)                                           # no group can span the ring, so chunks
+        return [e[i:i + limit] for i in range(0, n, limit)]
     out, cur = [], []
     for k in entries:
         if cur and (len(cur) == limit or k - cur[0] >= ring):
