@@ -74,8 +74,9 @@ def test_orders():
 
 def test_stream_waste_keeps_chunks_off_a_wasteful_stream_all():
     """ours: a chunk takes the stream-all walk while the last stream-all chunk left at most 25% of its queue
-    unrouted; refused, one chunk in 8 takes it again to re-measure."""
-    from strata.policy.stream import STREAM_ALL_PROBE, STREAM_ALL_WASTE_MAX
+    unrouted; refused, one chunk in 8 takes it again to re-measure, and each probe that finds it still wasteful
+    doubles the wait (up to 64)."""
+    from strata.policy.stream import STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, STREAM_ALL_WASTE_MAX
 
     w = StreamWaste()
     assert w.admit() and w.admit()                       # nothing measured: SPEC §3's walk
@@ -83,11 +84,21 @@ def test_stream_waste_keeps_chunks_off_a_wasteful_stream_all():
     assert w.admit()
     w.note(100, 60)
     got = [w.admit() for _ in range(2 * STREAM_ALL_PROBE)]
-    assert got == ([False] * (STREAM_ALL_PROBE - 1) + [True]) * 2
+    assert got == ([False] * (STREAM_ALL_PROBE - 1) + [True]) * 2     # no probe's result yet: the wait holds
+    waits = []
+    for _ in range(6):
+        w.note(100, 60)                                  # each probe still wasteful
+        n = 1
+        while not w.admit():
+            n += 1
+        waits.append(n)
+    assert waits == [16, 32, 64, 64, 64, 64] and STREAM_ALL_PROBE_MAX == 64
     w.note(100, 5)                                       # the probe found the routing dense again
     assert all(w.admit() for _ in range(3))
+    w.note(100, 60)                                      # wasteful again: the wait starts over at 8
+    assert [w.admit() for _ in range(STREAM_ALL_PROBE)] == [False] * (STREAM_ALL_PROBE - 1) + [True]
     w.note(0, 0)                                         # an empty queue says nothing
-    assert w.waste == 0.05
+    assert w.waste == 0.6 and w.every == STREAM_ALL_PROBE
 
 
 def test_issue_order_runs_and_watermark():

@@ -22,8 +22,8 @@ from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
-from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, StreamWaste, Walk as WalkKind, routed_group,
-                                  stream_all_queue, walk_for, walk_runs)
+from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
+                                  Walk as WalkKind, routed_group, stream_all_queue, walk_for, walk_runs)
 
 
 @dataclass
@@ -329,7 +329,8 @@ class GpuEngine:
             self.log(f"walk: the last stream-all chunk streamed {unrouted} of {entries} experts unrouted "
                      f"({100 * sw.waste:.0f}%): " + ("chunks take the stream-all walk again" if after else
                                                      f"chunks take the routed-only walk (one in "
-                                                     f"{STREAM_ALL_PROBE} re-measures)"))
+                                                     f"{STREAM_ALL_PROBE} re-measures, each still wasteful "
+                                                     f"doubling that, up to {STREAM_ALL_PROBE_MAX})"))
 
     def _step(self, tokens, bufs, all_logits: bool, decode: bool) -> np.ndarray:
         T = len(tokens)

@@ -40,16 +40,22 @@ class Walk(Enum):
 # 533.7 against 330.8 ms; flash-shape, 9% of its streamed bytes unrouted, ran a 2K prompt 11% faster on stream-all.
 STREAM_ALL_WASTE_MAX = 0.25   # a chunk takes stream-all while the last one left at most this share unrouted
 STREAM_ALL_PROBE = 8          # after this many chunks kept off stream-all, one takes it again to re-measure
+STREAM_ALL_PROBE_MAX = 64     # each probe that finds the walk still wasteful doubles that wait, up to this: qwen3's
+                              # 8K prompt (7 chunks) paid about one stream-all chunk in every prompt at 8 (+18 ms
+                              # of ~300, prefill_timeline_q8_stop23.log)
 
 
 class StreamWaste:
     """Whether a chunk that SPEC §3 sends down the stream-all walk may take it (ours): the unrouted share of the
     last stream-all chunk's queue, kept across chunks and prompts. A refused chunk takes the routed-only walk; every
-    STREAM_ALL_PROBE-th refusal is admitted to measure again (routing changes with the text)."""
+    STREAM_ALL_PROBE-th refusal is admitted to measure again (routing changes with the text). A probe that finds
+    the walk still wasteful doubles the refusals before the next one, up to STREAM_ALL_PROBE_MAX; one that finds it
+    dense again starts over at STREAM_ALL_PROBE."""
 
     def __init__(self):
         self.waste: float | None = None        # unrouted entries / queue entries of the last stream-all chunk
-        self.refused = 0
+        self.refused = 0                       # refusals since the last admitted chunk
+        self.every = STREAM_ALL_PROBE          # refusals before the next probe
 
     @property
     def dense(self) -> bool:
@@ -60,14 +66,21 @@ class StreamWaste:
         if self.dense:
             return True
         self.refused += 1
-        if self.refused % STREAM_ALL_PROBE == 0:
+        if self.refused >= self.every:
+            self.refused = 0
             return True
         return False
 
     def note(self, entries: int, unrouted: int) -> None:
         """A stream-all chunk ended: its queue held `entries` experts, `unrouted` of them routed to no token."""
-        if entries:
-            self.waste = unrouted / entries
+        if not entries:
+            return
+        probe = not self.dense                 # admitted while the last one was wasteful
+        self.waste = unrouted / entries
+        if self.dense:
+            self.every = STREAM_ALL_PROBE
+        elif probe:
+            self.every = min(2 * self.every, STREAM_ALL_PROBE_MAX)
 
 
 def stream_all_min(cfg: Config, share: Share) -> int:
