@@ -1,6 +1,8 @@
 """The expert-major row layout (strata/accel/moe.py row_layout, SPEC §3) against a loop that states it: experts in
 row order resident | streamed | CPU, each by id; an expert's rows hold its tokens in order; slot[t, k] is the row
-of pair (t, k). The fast path sorts 16-bit expert ranks (a radix sort); a model of more experts takes 64-bit keys."""
+of pair (t, k). The layout is a compiled counting sort (strata/accel/rows_host.py), for any number of experts. The
+launch groups' tables (ExpertRunner.tables) against a loop too: per group, every member's blob, then the many-row
+members'; few-row tiles of ROWS_TILE rows (g = member index), many-row tiles of GEMM_BM (g = index among those)."""
 
 import numpy as np
 import pytest
@@ -86,3 +88,52 @@ def test_the_host_layout_bench_runs_the_engines_window():
     assert members == lay.resident + lay.streamed == sorted(lay.resident) + sorted(lay.streamed)
     assert sorted(members) == np.flatnonzero(np.bincount(ids.ravel(), minlength=64)).tolist()
     assert all(len(m) <= 16 for m, _, _ in plan[len(runner.resident_groups(lay.resident, lay)):])
+
+
+def _loop_tiles(rows, bm, g):
+    """bm-row tiles (g, start, end) of rows (start, count), never crossing the expert."""
+    r0, n = rows
+    return [(g, r, min(r + bm, r0 + n)) for r in range(r0, r0 + n, bm)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
+    from types import SimpleNamespace
+
+    from strata.accel.moe import GEMM_BM, ROWS_TILE, ExpertRunner
+
+    ids, resident, cpu = r
+    cnt = np.bincount(ids.ravel(), minlength=resident.size)
+    lay = row_layout(ids, cnt, placement(cnt, resident, cpu))
+    got = {}
+
+    def expert_tables(sets, offs, tiles, stream):
+        got["sets"], got["tiles"] = [(b, np.asarray(i).tolist()) for b, i in sets], [np.asarray(t).tolist() for t in tiles]
+        return [(n,) * 5 for n in range(len(sets))]
+
+    runner = ExpertRunner.__new__(ExpertRunner)
+    runner.k, runner.dev, runner.offsets, runner.few_rows = SimpleNamespace(expert_tables=expert_tables), \
+        SimpleNamespace(compute=None), [(0, 1, 2)], few_rows
+    rng = np.random.default_rng(seed)
+    gpu = lay.resident + lay.streamed                  # the CPU's experts are in no group
+    groups, i = [], 0
+    while i < len(gpu):                                # runs in row order of 1..max_group experts
+        n = int(rng.integers(1, max_group + 1))
+        members = gpu[i:i + n]
+        groups.append((members, "ring" if rng.random() < 0.5 else "cache", rng.integers(0, 99, len(members))))
+        i += n
+    if not groups:
+        return
+    tabs = runner.tables(0, groups, lay)
+    want_sets, want_tiles = [], []
+    for members, buf, idx in groups:
+        many = [j for j, e in enumerate(members) if cnt[e] > few_rows]
+        want_sets += [(buf, idx.tolist()), (buf, idx[many].tolist())]
+        rows = [(int(lay.off[e]), int(cnt[e])) for e in members]
+        want_tiles.append([t for j in range(len(members)) if j not in many
+                           for t in _loop_tiles(rows[j], ROWS_TILE, j)])
+        want_tiles.append([t for jj, j in enumerate(many) for t in _loop_tiles(rows[j], GEMM_BM, jj)])
+    assert got["sets"] == want_sets
+    assert got["tiles"] == [[list(t) for t in w] for w in want_tiles]
+    assert [t.n_many for t in tabs] == [sum(cnt[e] > few_rows for e in m) for m, _, _ in groups]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata.accel.rows_host import expert_major, group_tiles
 from strata.policy.stream import resident_runs
 
 GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
@@ -50,26 +51,20 @@ def placement(cnt: np.ndarray, resident: np.ndarray, cpu) -> tuple[np.ndarray, n
 
 
 def row_layout(ids: np.ndarray, cnt: np.ndarray, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowLayout:
-    """ids [T, K]; cnt [E] tokens per expert (bincount of ids); parts: placement()'s (resident, streamed, CPU)."""
+    """ids [T, K]; cnt [E] tokens per expert (bincount of ids); parts: placement()'s (resident, streamed, CPU).
+    Row r of an expert's block holds its r-th token in order (rows_host.expert_major: a stable counting sort)."""
     T, K = ids.shape
     n_expert = cnt.shape[0]
     res, strm, cpu_ids = parts
     order = np.concatenate([res, strm, cpu_ids]).astype(np.int64)
-    rank = np.empty(n_expert, np.int64)
+    rank = np.full(n_expert, -1, np.int64)
     rank[order] = np.arange(order.size)
-    # row r holds pair pairs[r] = t*K + k: expert block first, then token. Pairs run token-major, so a stable sort
-    # by the expert's rank alone keeps each block's tokens in order; on 16-bit keys numpy's stable sort is a radix
-    # sort (1,000 tokens x 10: 57 us against 366 for the (rank, token) key's; 8,192: 0.9 ms against 4.5)
-    small = np.int16 if n_expert <= np.iinfo(np.int16).max else np.int64
-    pairs = np.argsort(rank.astype(small)[ids].ravel(), kind="stable")
-    slot = np.empty(T * K, np.int32)
-    slot[pairs] = np.arange(T * K, dtype=np.int32)
-    starts = np.concatenate([[0], np.cumsum(cnt[order])[:-1]]) if order.size else np.zeros(0, np.int64)
+    src, slot, starts = expert_major(np.ascontiguousarray(ids, np.int32).reshape(-1), rank,
+                                     cnt[order].astype(np.int64), K)
     off = np.zeros(n_expert, np.int64)
     off[order] = starts
-    return RowLayout(ids, order, off, cnt,
-                     (pairs // K).astype(np.int32), slot.reshape(T, K),
-                     res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts.astype(np.int64))
+    return RowLayout(ids, order, off, cnt, src, slot.reshape(T, K),
+                     res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
 
 
 def _tiles(r0: np.ndarray, n: np.ndarray, bm: int = GEMM_BM) -> np.ndarray:
@@ -121,41 +116,27 @@ class ExpertRunner:
 
     def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
         """Every group's GroupTables of a layer in one upload: groups[g] = (members, buf, idx), the members'
-        blobs being rows idx of buf (cache slots or ring slots, known before the copies land). Whole-array numpy:
-        a prompt layer has tens of groups, and this runs on the host between the routing sync and the launches."""
+        blobs being rows idx of buf (cache slots or ring slots, known before the copies land). A prompt layer has
+        tens of groups, and this runs on the host between the routing sync and the launches: the tiles are one
+        compiled pass (rows_host.group_tiles)."""
         n_g = len(groups)
         cnt = lay.cnt[lay.order].astype(np.int64)                  # rows of each expert, in row order
-        few = cnt <= self.few_rows
         first = lay.rank[[m[0] for m, _, _ in groups]]
         size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
         assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
             "a group must be a run of experts in row order"
-        grp = np.full(cnt.size, -1, np.int64)                       # the group of each position in row order
-        member = np.repeat(first, size) + (np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size))
-        grp[member] = np.repeat(np.arange(n_g), size)
-        n_before = np.concatenate([[0], np.cumsum(~few)])           # many-row experts before each position
-        # tile once per path (g = position in row order), order the tiles by group, rebase g within the group
-        ft = _tiles(lay.starts[few], cnt[few], ROWS_TILE)
-        ft[:, 0] = np.flatnonzero(few)[ft[:, 0]]
-        mt = _tiles(lay.starts[~few], cnt[~few], GEMM_BM)
-        mt[:, 0] = np.flatnonzero(~few)[mt[:, 0]]
-        ft, mt = ft[grp[ft[:, 0]] >= 0], mt[grp[mt[:, 0]] >= 0]      # (experts in no group: the CPU's)
-        fg, mg = grp[ft[:, 0]], grp[mt[:, 0]]
-        fo, mo = np.argsort(fg, kind="stable"), np.argsort(mg, kind="stable")
-        ft, mt, fg, mg = ft[fo], mt[mo], fg[fo], mg[mo]
-        ft[:, 0] -= first[fg]
-        mt[:, 0] = n_before[mt[:, 0]] - n_before[first[mg]]
-        fcut = np.searchsorted(fg, np.arange(n_g + 1)).tolist()
-        mcut = np.searchsorted(mg, np.arange(n_g + 1)).tolist()
+        # per group: its few-row tiles (g = member index), then its many-row tiles (g = index among those)
+        tl, cut, many, n_many = group_tiles(cnt, lay.starts, first, size, self.few_rows, ROWS_TILE, GEMM_BM)
         idx_all = np.concatenate([np.asarray(i) for _, _, i in groups])
-        idx_many = idx_all[~few[member]]                             # members concatenated, many-row ones
-        n_many = (n_before[first + size] - n_before[first]).tolist()     # each group's, a run of positions
+        idx_many = idx_all[many]                                     # members concatenated, many-row ones
+        cut = cut.tolist()
+        n_many = n_many.tolist()
         a = np.concatenate([[0], np.cumsum(size)]).tolist()
         b = np.concatenate([[0], np.cumsum(n_many)]).astype(np.int64).tolist()
         sets, tiles = [], []
         for i, (_, buf, _) in enumerate(groups):
             sets += [(buf, idx_all[a[i]:a[i + 1]]), (buf, idx_many[b[i]:b[i + 1]])]
-            tiles += [ft[fcut[i]:fcut[i + 1]], mt[mcut[i]:mcut[i + 1]]]
+            tiles += [tl[cut[2 * i]:cut[2 * i + 1]], tl[cut[2 * i + 1]:cut[2 * i + 2]]]
         tabs = self.k.expert_tables(sets, self.offsets[layer], tiles, self.dev.compute)
         return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)]
 

@@ -1,0 +1,91 @@
+"""The routing sync's host work, compiled: the expert-major row layout and the launch groups' tiles (SPEC §3).
+
+Legend: T tokens, K top-k, P = T·K (token, k) pairs, n experts in row order, G launch groups.
+Between a prompt layer's routing sync and its first launch the link idles (prefill_timeline_stop25_detail.log);
+as whole-array numpy this work was ~40 numpy calls a layer (bench/host_layout.py: 0.3-0.45 ms a layer on this
+dev box for qwen3, most of it per-call overhead). Here each step is one pass over its rows. moe.py states the
+rules; tests/test_row_layout.py holds these to loops that state them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def expert_major(ids, rank, cnt, K):
+    """ids [P] (token-major pairs), rank [E] each routed expert's position in row order, cnt [n] rows of each
+    position, K top-k -> (src [P] i32 token of each row, slot [P] i32 row of each pair, starts [n] i64 first row of
+    each position). A counting sort by rank taking pairs in order keeps each expert's tokens in order (stable)."""
+    n = cnt.shape[0]
+    starts = np.empty(n, np.int64)
+    s = 0
+    for i in range(n):
+        starts[i] = s
+        s += cnt[i]
+    nxt = starts.copy()
+    P = ids.shape[0]
+    src = np.empty(P, np.int32)
+    slot = np.empty(P, np.int32)
+    for p in range(P):
+        r = rank[ids[p]]
+        row = nxt[r]
+        nxt[r] = row + 1
+        slot[p] = row
+        src[row] = p // K
+    return src, slot, starts
+
+
+@njit(cache=True, nogil=True)
+def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm):
+    """Launch groups' row tiles. cnt, starts [n] rows and first row of each position in row order; group g holds
+    positions first[g] .. first[g] + size[g] - 1. An expert of at most few_rows rows takes rows_tile-row tiles
+    (g = its index among the group's members), the others gemm_bm-row tiles (g = its index among the group's
+    many-row members); tiles never cross experts.
+    -> (tiles [n_tiles, 3] i32 (g, start, end): per group its few-row tiles then its many-row ones; cut [2G + 1]:
+    set 2g = group g's few-row tiles, set 2g + 1 its many-row ones, tiles[cut[s]:cut[s + 1]]; many [M] i64: the
+    many-row members' indices into the groups' members concatenated; n_many [G])."""
+    G = first.shape[0]
+    n_t = 0
+    n_m = 0
+    for g in range(G):
+        for p in range(first[g], first[g] + size[g]):
+            c = cnt[p]
+            if c <= few_rows:
+                n_t += (c + rows_tile - 1) // rows_tile
+            else:
+                n_t += (c + gemm_bm - 1) // gemm_bm
+                n_m += 1
+    tiles = np.empty((n_t, 3), np.int32)
+    cut = np.empty(2 * G + 1, np.int64)
+    many = np.empty(n_m, np.int64)
+    n_many = np.empty(G, np.int64)
+    t = 0
+    m = 0
+    base = 0
+    for g in range(G):
+        cut[2 * g] = t
+        for p in range(first[g], first[g] + size[g]):
+            if cnt[p] <= few_rows:
+                r, end = starts[p], starts[p] + cnt[p]
+                while r < end:
+                    tiles[t, 0], tiles[t, 1], tiles[t, 2] = p - first[g], r, min(r + rows_tile, end)
+                    t += 1
+                    r += rows_tile
+        cut[2 * g + 1] = t
+        j = 0
+        for p in range(first[g], first[g] + size[g]):
+            if cnt[p] > few_rows:
+                r, end = starts[p], starts[p] + cnt[p]
+                while r < end:
+                    tiles[t, 0], tiles[t, 1], tiles[t, 2] = j, r, min(r + gemm_bm, end)
+                    t += 1
+                    r += gemm_bm
+                many[m] = base + p - first[g]
+                m += 1
+                j += 1
+        n_many[g] = j
+        base += size[g]
+    cut[2 * G] = t
+    return tiles, cut, many, n_many
