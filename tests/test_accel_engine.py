@@ -328,3 +328,24 @@ def test_layout_time_counts_prompt_layers_only(prompts):
     assert eng.stats.lookups > 0                        # the decode steps went through the per-layer MoE block
     assert eng.stats.layouts == len(eng.stats.chunks) * m.cfg.n_layer
     assert eng.stats.layout_s > 0
+
+
+def test_loan_switches_are_named_not_ignored():
+    """SPEC §9's loan switches: the simulator models them, the engine does not lend decode-only VRAM yet, so it says
+    so at start, naming each switch that is on, where `generate` shows it without --stats (progress)."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    lines = {}
+    for name, cfg in (("on", policy.Config(elastic_loan=True, repeat_loan=True)), ("off", policy.Config())):
+        dev = HostDevice()
+        try:
+            lines[name] = []
+            GpuEngine(m, dev, n_ctx=64, config=cfg, progress=lines[name].append)
+        finally:
+            dev.close()
+    said = [s for s in lines["on"] if "does not lend" in s]
+    assert len(said) == 1 and said[0].startswith("STRATA_PREFILL_ELASTIC_LOAN, STRATA_PREFILL_REPEAT_LOAN:"), said
+    assert not [s for s in lines["off"] if "does not lend" in s]
+    assert policy.Config.from_env({"STRATA_PREFILL_HEAD_LOAN": "1"}).loan_switches() == ["STRATA_PREFILL_HEAD_LOAN"]

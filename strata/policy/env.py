@@ -91,6 +91,11 @@ class Config:
                    gemm=_choice(_VARS["gemm"], get("gemm"), GEMM_KINDS, "mma"),
                    dbg_link_gbps=_gbps(_VARS["dbg_link_gbps"], get("dbg_link_gbps")))
 
+    def loan_switches(self) -> list[str]:
+        """The SPEC §9 loan switches that are on, by variable name. The simulator's VRAM model reads them (sim/vram.py);
+        the engine does not lend decode-only VRAM yet and names them at start rather than ignore them."""
+        return [_VARS[f] for f in ("elastic_loan", "head_loan", "mtp_loan", "repeat_loan") if getattr(self, f)]
+
     def share(self, qualifies: bool) -> Share:
         """The share in force. ``qualifies``: CUDA, one GPU, no batch slots (where unset means auto)."""
         if self.cpu_share is None:
