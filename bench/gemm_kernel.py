@@ -21,9 +21,18 @@ from pathlib import Path
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
-from strata.accel.moe import _tiles
+from strata.accel.moe import GEMM_BM, ROWS_TILE
+from strata.accel.rows_host import group_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def gemm_tiles(experts: int, rows: int) -> np.ndarray:
+    """The engine's GEMM tiles (g, start, end) of `experts` experts of `rows` rows each, one after another: one launch
+    group whose members all take the scratch path (few_rows 0), as ExpertRunner.tables builds them."""
+    tl, cut, _, _ = group_tiles(np.full(experts, rows, np.int64), np.arange(experts, dtype=np.int64) * rows,
+                                np.zeros(1, np.int64), np.full(1, experts, np.int64), 0, ROWS_TILE, GEMM_BM)
+    return tl[cut[1]:cut[2]]
 # (label, N, Kd): gate|up and down of qwen3-30b-a3b (D 2048, F 768) and flash-shape (D 2560, F 640)
 SHAPES = (("qwen3 gate|up", 1536, 2048), ("qwen3 down", 2048, 768),
           ("flash gate|up", 1280, 2560), ("flash down", 2560, 640))
@@ -85,7 +94,7 @@ def main(argv=None) -> int:
         for rows in (int(r) for r in args.rows.split(",")):
             R = rows * args.experts
             a = cp.asarray(rng.standard_normal((R, Kd)).astype(np.float16))
-            t = _tiles(np.arange(args.experts, dtype=np.int64) * rows, np.full(args.experts, rows, np.int64))
+            t = gemm_tiles(args.experts, rows)
             tiles = cp.asarray(t)
             outs = [cp.full((R, N), np.nan, np.float32) for _ in kernels]
             times: list[list[float]] = [[] for _ in kernels]

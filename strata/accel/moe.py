@@ -67,17 +67,6 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, parts: tuple[np.ndarray, np.nda
                      res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
 
 
-def _tiles(r0: np.ndarray, n: np.ndarray, bm: int = GEMM_BM) -> np.ndarray:
-    """bm-row tiles (g, start, end) of experts g whose rows are r0[g] .. r0[g] + n[g] (n > 0), never
-    crossing experts: [n_tiles, 3] int32."""
-    nt = -(-n // bm)                                               # tiles per expert
-    g = np.repeat(np.arange(len(n)), nt)
-    first = np.repeat(np.cumsum(nt) - nt, nt)
-    start = np.repeat(r0, nt) + (np.arange(g.size) - first) * bm
-    end = np.minimum(start + bm, np.repeat(r0 + n, nt))
-    return np.stack([g, start, end], axis=1).astype(np.int32).reshape(-1, 3)
-
-
 def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
     """Byte offsets of the gate, up and down matrices in an expert blob of these types: [gate | up | down]."""
     from strata import quants
