@@ -50,7 +50,7 @@ def test_row_layout_is_the_loops(r):
 
 @pytest.mark.parametrize("n_expert, T, K", [(512, 120, 10), (40_000, 50, 4)])
 def test_models_of_many_experts_lay_out_alike(n_expert, T, K):
-    """flash-shape's 512 experts (ranks past 8 bits), and past 16 bits (64-bit keys, no radix sort)."""
+    """flash-shape's 512 experts, and past 16 bits of expert ids (the counting sort indexes ranks by id at any width)."""
     rng = np.random.default_rng(1)
     ids = np.stack([rng.choice(n_expert, K, replace=False) for _ in range(T)])
     resident = np.zeros(n_expert, bool)

@@ -61,9 +61,10 @@ class GpuEngine:
         # even where the other lines (log) do not: `generate` shows them without --stats
         self.progress = progress
         self.n_ctx = n_ctx
-        if self.config.loan_switches():       # SPEC §9's loans of decode-only VRAM: not built here (sim/ models them)
-            (progress or self.log)(f"{', '.join(self.config.loan_switches())}: this engine does not lend decode-only "
-                                   f"VRAM to a prompt yet (the simulator models it); the switch changes nothing")
+        loans = self.config.loan_switches()   # SPEC §9's loans of decode-only VRAM: not built here (sim/ models them)
+        if loans:
+            (progress or self.log)(f"{', '.join(loans)}: this engine does not lend decode-only VRAM to a prompt yet "
+                                   f"(the simulator models it); the switch changes nothing")
         self.few_rows = few_rows          # experts of at most this many rows run from their blobs (moe.py)
         if self.config.dbg_link_gbps:
             dev.emulate_link(self.config.dbg_link_gbps)
