@@ -28,13 +28,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 class _PackOnly:
     """The CUDA kernels' expert_tables packing (whole-array numpy) with the upload left out."""
 
-    def upload(self, host, stream):
-        return SimpleNamespace(data=SimpleNamespace(ptr=1 << 40))
+    staging = SimpleNamespace(dbase=1 << 40)
 
-    def expert_tables(self, sets, offs, tiles, stream):
+    def _pull(self, host, stream):
+        return 0
+
+    def expert_tables(self, sets, offs, tiles, stream, riders=()):
         from strata.accel.gpu.cuda_kernels import CudaKernels
 
-        return CudaKernels.expert_tables(self, sets, offs, tiles, stream)
+        return CudaKernels.expert_tables(self, sets, offs, tiles, stream, riders)
 
 
 def pack_only_runner(group: int):

@@ -108,9 +108,9 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
     lay = row_layout(ids, cnt, placement(cnt, resident, cpu))
     got = {}
 
-    def expert_tables(sets, offs, tiles, stream):
+    def expert_tables(sets, offs, tiles, stream, riders=()):
         got["sets"], got["tiles"] = [(b, np.asarray(i).tolist()) for b, i in sets], [np.asarray(t).tolist() for t in tiles]
-        return [(n,) * 5 for n in range(len(sets))]
+        return [(n,) * 5 for n in range(len(sets))], list(riders)
 
     runner = ExpertRunner.__new__(ExpertRunner)
     runner.k, runner.dev, runner.offsets, runner.few_rows = SimpleNamespace(expert_tables=expert_tables), \
@@ -125,7 +125,7 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
         i += n
     if not groups:
         return
-    tabs = runner.tables(0, groups, lay)
+    tabs, _ = runner.tables(0, groups, lay)
     want_sets, want_tiles = [], []
     for members, buf, idx in groups:
         many = [j for j, e in enumerate(members) if cnt[e] > few_rows]

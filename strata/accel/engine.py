@@ -401,15 +401,13 @@ class GpuEngine:
             self.stats.hits += len(lay.resident)
             self.tier.note(layer, ids.ravel().tolist())
         R = T * K
-        slot_dev = k.upload(lay.slot, s)
-        k.gather_f16(bufs.xg[:R], h, k.upload(lay.src, s), s)                   # Xg [R, D] fp16, row order
         if share_layer:
             cb.launch(layer, lay, s, threaded=True)                             # the CPU runs beside the GPU
         # compute order (not row order): one resident group while the first copies land, then a resident group
         # after each streamed group, so the compute stream reaches each streamed group's dequantisation, which
         # frees its ring slots, early (bench/prefill.py on the H200: 5-15% faster than streamed-first).
         # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
-        # upload carries the whole layer's tables.
+        # upload carries the whole layer's tables, the row tables (slot, src) with them.
         res_groups = self._runner.resident_groups(lay.resident, lay)
         sgroups, unrouted = [], {}
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
@@ -422,7 +420,11 @@ class GpuEngine:
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
-        tabs = self._runner.tables(layer, plan, lay) if plan else []
+        if plan:
+            tabs, (slot_dev, src_dev) = self._runner.tables(layer, plan, lay, riders=(lay.slot, lay.src))
+        else:                                            # every routed expert on the CPU
+            tabs, (slot_dev, src_dev) = [], k.upload_many([lay.slot, lay.src], s)
+        k.gather_f16(bufs.xg[:R], h, src_dev, s)                                # Xg [R, D] fp16, row order
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
         if not self._decode:
             self.stats.layout_s += time.perf_counter() - t_synced

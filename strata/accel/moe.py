@@ -103,11 +103,13 @@ class ExpertRunner:
         many = lay.cnt[resident] > self.few_rows
         return [[resident[i] for i in g] for g in resident_runs(many, self.bufs.w_d.shape[0])]
 
-    def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout) -> list:
+    def tables(self, layer: int, groups: list[tuple[list[int], object, np.ndarray]], lay: RowLayout,
+               riders: tuple = ()) -> tuple[list, list]:
         """Every group's GroupTables of a layer in one upload: groups[g] = (members, buf, idx), the members'
-        blobs being rows idx of buf (cache slots or ring slots, known before the copies land). A prompt layer has
-        tens of groups, and this runs on the host between the routing sync and the launches: the tiles are one
-        compiled pass (rows_host.group_tiles)."""
+        blobs being rows idx of buf (cache slots or ring slots, known before the copies land); riders: other
+        tables for the same upload (Kernels.expert_tables). A prompt layer has tens of groups, and this runs on
+        the host between the routing sync and the launches: the tiles are one compiled pass
+        (rows_host.group_tiles). Returns (the GroupTables, the riders on the device)."""
         n_g = len(groups)
         cnt = lay.cnt[lay.order].astype(np.int64)                  # rows of each expert, in row order
         first = lay.rank[[m[0] for m, _, _ in groups]]
@@ -126,8 +128,8 @@ class ExpertRunner:
         for i, (_, buf, _) in enumerate(groups):
             sets += [(buf, idx_all[a[i]:a[i + 1]]), (buf, idx_many[b[i]:b[i + 1]])]
             tiles += [tl[cut[2 * i]:cut[2 * i + 1]], tl[cut[2 * i + 1]:cut[2 * i + 2]]]
-        tabs = self.k.expert_tables(sets, self.offsets[layer], tiles, self.dev.compute)
-        return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)]
+        tabs, dev_riders = self.k.expert_tables(sets, self.offsets[layer], tiles, self.dev.compute, riders)
+        return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)], dev_riders
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
         """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for

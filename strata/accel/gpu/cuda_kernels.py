@@ -33,6 +33,7 @@ class _Staging:
     def __init__(self, dev, nbytes: int):
         self.dev, self.buf, self.pos = dev, dev.pinned(nbytes), 0
         self.dbuf = dev.empty((nbytes,), np.uint8)     # device twin: a table lands at the same offset
+        self.base, self.dbase = self.buf.ctypes.data, self.dbuf.data.ptr
         self.inflight: collections.deque = collections.deque()     # (start, end, event), allocation order
 
     def put(self, host: np.ndarray) -> np.ndarray:
@@ -51,11 +52,11 @@ class _Staging:
         self.pos = end
         return view
 
-    def done(self, view: np.ndarray, stream) -> None:
+    def done(self, start: int, nbytes: int, stream) -> None:
+        """The copy of [start, start + nbytes) is enqueued on `stream`."""
         ev = self.dev.cp.cuda.Event(disable_timing=True)
         ev.record(stream.s)
-        s = view.ctypes.data - self.buf.ctypes.data
-        self.inflight.append((s, s + view.nbytes, ev))
+        self.inflight.append((start, start + nbytes, ev))
 
 
 def _tab_ptr(t):
@@ -95,14 +96,19 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         every stream share the copy engine in issue order, so a layer's tables waited behind the ring's prefetched
         experts (stop 21's embedding A/B: 2-4% of a stream-all prompt for layer 0's rows alone)."""
         host = np.ascontiguousarray(host)
-        view = self.staging.put(host)
-        off = view.ctypes.data - self.staging.buf.ctypes.data
-        out = self.staging.dbuf[off:off + host.nbytes]
+        off = self._pull(host, stream)
+        return self.staging.dbuf[off:off + host.nbytes].view(host.dtype).reshape(host.shape)
+
+    def _pull(self, host: np.ndarray, stream) -> int:
+        """`upload`'s copy, by offsets alone: host (contiguous) lands at dbuf[off:], off returned. No CuPy view is
+        made (each costs ~10 us of a host-bound prompt layer's time; expert_tables wants the address only)."""
+        st = self.staging
+        off = st.put(host).ctypes.data - st.base
         n16 = -(-max(host.nbytes, 1) // 16)        # regions are 256-byte aligned and padded: whole uint4s
         self.fn["pull_bytes"]((min(-(-n16 // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
-                              (out, np.uint64(view.ctypes.data), np.int64(n16)), stream=stream.s)
-        self.staging.done(view, stream)
-        return out.view(host.dtype).reshape(host.shape)
+                              (np.uint64(st.dbase + off), np.uint64(st.base + off), np.int64(n16)), stream=stream.s)
+        st.done(off, host.nbytes, stream)
+        return off
 
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]
@@ -116,10 +122,12 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         dev = self.upload(packed, stream)
         return [dev[o:o + h.nbytes].view(h.dtype).reshape(h.shape) for h, o in zip(hosts, offs)]
 
-    def expert_tables(self, sets, offs, tiles, stream):
+    def expert_tables(self, sets, offs, tiles, stream, riders=()):
         """One pinned->device copy for a layer: [pointer tables, offset-major: offs[w] of every set's blobs |
-        tiles (int32)], built with whole-array numpy (a layer has tens of groups; a Python loop per group and
-        offset cost ~1 ms a layer on the H200's host)."""
+        tiles (int32) | riders (int32), each 16-byte aligned], built with whole-array numpy (a layer has tens of
+        groups; a Python loop per group and offset cost ~1 ms a layer on the H200's host). The riders (the row
+        tables) travel in the same copy: a separate upload took ~75 us of a prompt layer's host time on the H200
+        (bench/results/h200/host_breakdown_stop27.log)."""
         n_sets, W = len(sets), len(offs)
         lens = np.fromiter((len(idx) for _, idx in sets), np.int64, n_sets)
         ptr0 = np.fromiter((buf.data.ptr for buf, _ in sets), np.uint64, n_sets)
@@ -129,16 +137,25 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         n_ptr = base.size
         tl = np.concatenate(tiles).astype(np.int32, copy=False) if n_sets else np.zeros((0, 3), np.int32)
         tlen = np.fromiter((t.shape[0] for t in tiles), np.int64, n_sets)
-        packed = np.empty(W * n_ptr * 8 + tl.size * 4, np.uint8)
+        t_end = W * n_ptr * 8 + tl.size * 4
+        r_at, r_end = [], -(-t_end // 16) * 16
+        for r in riders:
+            assert r.dtype == np.int32, "riders are int32 row tables"
+            r_at.append(r_end)
+            r_end += -(-r.nbytes // 16) * 16
+        packed = np.empty(r_end, np.uint8)
         ptrs = packed[:W * n_ptr * 8].view(np.uint64).reshape(W, n_ptr)
         ptrs[...] = base[None, :] + np.asarray(offs, np.uint64)[:, None]
-        packed[W * n_ptr * 8:].view(np.int32)[:] = tl.reshape(-1)
-        dev = self.upload(packed, stream).data.ptr
+        packed[W * n_ptr * 8:t_end].view(np.int32)[:] = tl.reshape(-1)
+        for r, a in zip(riders, r_at):
+            packed[a:a + r.nbytes].view(np.int32)[:] = r.reshape(-1)
+        dev = self.staging.dbase + self._pull(packed, stream)
         p0 = (np.cumsum(lens) - lens).tolist()
         t0 = (np.cumsum(tlen) - tlen).tolist()
         tile_base = dev + W * n_ptr * 8
-        return [tuple((dev + 8 * (w * n_ptr + a), n) for w in range(W)) + ((tile_base + 12 * b, nt), nt)
-                for a, n, b, nt in zip(p0, lens.tolist(), t0, tlen.tolist())]
+        return ([tuple((dev + 8 * (w * n_ptr + a), n) for w in range(W)) + ((tile_base + 12 * b, nt), nt)
+                 for a, n, b, nt in zip(p0, lens.tolist(), t0, tlen.tolist())],
+                [(dev + a, r.size) for r, a in zip(riders, r_at)])
 
     def _as_array(self, tab: tuple, dtype):
         """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
@@ -204,7 +221,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         R, D = out.shape
         assert out.dtype == np.float16 and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
         if R:
-            self.fn["gather_f16"]((R,), (256,), (out, x, src, np.int32(R), np.int32(D)), stream=stream.s)
+            self.fn["gather_f16"]((R,), (256,), (out, x, _tab_ptr(src), np.int32(R), np.int32(D)), stream=stream.s)
 
     def gemm_grouped(self, out, a, w, tiles, n_tiles, stream):
         N, Kd = w.shape[1], w.shape[2]
@@ -229,9 +246,10 @@ class CudaKernels(CudaDecodeKernels, Kernels):
 
     def combine(self, out, dm, slot, w, stream):
         T, D = out.shape
-        K = slot.shape[1]
+        K = w.shape[1]
         w = self.cp.ascontiguousarray(w)
-        self.fn["combine"]((T,), (256,), (out, dm, slot, w, np.int32(T), np.int32(K), np.int32(D)), stream=stream.s)
+        self.fn["combine"]((T,), (256,), (out, dm, _tab_ptr(slot), w, np.int32(T), np.int32(K), np.int32(D)),
+                           stream=stream.s)
 
     # --- dense --------------------------------------------------------------------------------------------------
     def rms_norm(self, out, x, w, eps, stream):

@@ -57,18 +57,20 @@ class Kernels(abc.ABC):
         """A host table naming blobs (plus a byte offset into each) for `dequant` (upload it first)."""
 
     def expert_tables(self, sets: list[tuple[object, np.ndarray]], offs: tuple[int, ...], tiles: list[np.ndarray],
-                      stream) -> list[tuple]:
+                      stream, riders: tuple = ()) -> tuple[list[tuple], list]:
         """A layer's expert groups in one upload. sets[g] = (buf, idx): the group's blobs are rows idx (int
         array) of the [n, slot_bytes] device array buf; offs: byte offsets into each blob (gate, up, down);
-        tiles[g]: the group's GEMM tiles i32 [n_tiles, 3]. Returns per group (one blob table per offset...,
-        tiles table, n_tiles), the tables as `dequant` and `gemm_grouped` take them."""
+        tiles[g]: the group's GEMM tiles i32 [n_tiles, 3]; riders: other i32 host tables that go in the same
+        upload (the layer's row tables: `combine`'s slot, `gather_f16`'s src). Returns (per group (one blob table
+        per offset..., tiles table, n_tiles), the tables as `dequant` and `gemm_grouped` take them; the riders as
+        `gather_f16` and `combine` take them)."""
         hosts = []
         for (buf, idx), t in zip(sets, tiles):
             refs = [BlobRef(buf, int(i)) for i in idx]
             hosts += [self.blob_table(refs, o) for o in offs] + [t]
-        dev = self.upload_many(hosts, stream)
+        dev = self.upload_many(hosts + list(riders), stream)
         w = len(offs) + 1
-        return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)]
+        return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)], dev[len(hosts):]
 
     # --- experts -------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -84,7 +86,7 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def gather_f16(self, out, x, src, stream) -> None:
-        """out f16 [R, D] <- x f32 [T, D] rows src i32 [R]."""
+        """out f16 [R, D] <- x f32 [T, D] rows src i32 [R] (uploaded: `upload` or an `expert_tables` rider)."""
 
     @abc.abstractmethod
     def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream) -> None:
@@ -97,7 +99,8 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def combine(self, out, dm, slot, w, stream) -> None:
-        """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]."""
+        """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]
+        (uploaded: `upload` or an `expert_tables` rider), w f32 [T, K]."""
 
     # --- the decode graph: everything that changes between tokens is read from device memory --------------------
     moe_gemv_max_k = 1 << 30      # the longest matrix rows moe_gemv takes (CUDA: its shared memory)
