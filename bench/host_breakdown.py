@@ -4,7 +4,8 @@ python bench/host_breakdown.py --model X.gguf [--prompts 250,900] [--rounds 7] [
 
 The quarter-cache and all-resident engines (share off, as bench/prefill.py) run prompts with the kernel wrappers,
 the device calls and the MoE block's host steps wrapped in timers; per prompt, the wall time inside each is summed,
-and the medians over rounds are printed with the routing-sync wait and the layout window (GpuEngine.stats).
+and the medians over rounds are printed with the routing-sync wait and the layout window (the engine's Stats
+counters).
 Calls nest (engine.moe holds the MoE steps; ExpertRunner.tables holds k.expert_tables, which holds one upload), so
 the rows do not add up to the wall. The timers cost about a microsecond a call. Speed itself is bench/prefill.py's.
 """

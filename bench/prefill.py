@@ -2,7 +2,7 @@
 all-resident engine (accel GPU issue, item 6).
 
 python bench/prefill.py --model X.gguf [--cache-frac 0.25] [--prompts 250,600,900,2048,8192] [--rounds 3]
-                        [--decode 32] [--json out.json] [--few-rows 16[,0,...]] [--groups-ab 16]
+                        [--decode 32] [--json out.json] [--few-rows 16[,0,...]] [--groups-ab 16] [--ctx 8200]
 
 Per round, for each prompt length, the quarter-cache engine and the all-resident engine run one after the other
 (interleaved, the order alternating by round); medians over rounds. --groups-ab G adds a third engine beside them:
@@ -11,6 +11,9 @@ a side-by-side A/B. Several --few-rows values (moe.FEW_ROWS: experts of at most 
 blobs, 0 = every expert through the fp16 scratch) run interleaved in each round, one table row each. The PCIe floor
 of a run = bytes it streamed ÷ pinned H2D bandwidth measured in this run at the model's blob size. The decode
 bound = missed expert bytes per token ÷ host memory bandwidth measured in this run.
+The context (--ctx, default 8,200 tokens: the longest default prompt's) sizes KV and so the quarter cache's prompt
+plan (chunk, ring, loan): it is fixed, not taken from --prompts, so a run of a few prompt lengths plans as the full
+run does (stop 27: --prompts 250,600,900 had planned 768-token chunks against the full run's 1,280).
 A prompt's time runs from an idle device to its logits; the refill of the cache slots it lent (SPEC §9), which
 runs after it returns, is timed apart (refill ms).
 Decode runs both ways on each engine, interleaved: the captured decode graph (misses read by the GPU over PCIe)
@@ -59,6 +62,8 @@ def main():
     ap.add_argument("--pool-workers", type=int, help="CPU pool workers for decode misses (default: cores - 1)")
     ap.add_argument("--few-rows", default=None, help="expert row thresholds to compare (default: moe.FEW_ROWS)")
     ap.add_argument("--groups-ab", type=int, help="also time the quarter cache planned with this weight scratch only")
+    ap.add_argument("--ctx", type=int, default=8200, help="context tokens (KV, and so the prompt plan); raised to what "
+                    "the longest prompt and the decode rounds need")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -73,7 +78,7 @@ def main():
     c = m.cfg
     dev = get_device(a.device)
     log = lambda s: print(s, file=sys.stderr)
-    n_ctx = max(max(lengths), 64 + 2 * (a.rounds + 1) * a.decode) + 8
+    n_ctx = max(a.ctx, max(lengths) + 8, 64 + 2 * (a.rounds + 1) * a.decode + 8)
     budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev, log=log)
     import dataclasses
@@ -168,7 +173,7 @@ def main():
     print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {slot / 2**20:.2f} MiB; "
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, groups of {eq.plan.group}, ring "
           f"{eq.plan.ring}, loan {eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
-          f"medians of {a.rounds} rounds")
+          f"context {n_ctx} tokens; medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
           f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5} {'group':>5} {'refill ms':>9}")
     table = {}

@@ -137,3 +137,28 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
     assert got["sets"] == want_sets
     assert got["tiles"] == [[list(t) for t in w] for w in want_tiles]
     assert [t.n_many for t in tabs] == [sum(cnt[e] > few_rows for e in m) for m, _, _ in groups]
+
+
+def test_row_tables_ride_in_the_expert_tables_upload():
+    """The layer's row tables (slot, src) go up with the expert tables (one upload): the host twin hands them back
+    as taken at the call (later host writes do not reach them), beside one table set per group, and a layer whose
+    experts all went to the CPU has no groups but still its row tables."""
+    from strata.accel.device.host import HostDevice
+
+    dev = HostDevice()
+    try:
+        buf = dev.zeros((4, 64), np.uint8)
+        slot = np.arange(12, dtype=np.int32).reshape(4, 3)
+        src = np.arange(12, dtype=np.int32)[::-1].copy()
+        tiles = [np.array([[0, 0, 3]], np.int32), np.array([[0, 3, 5], [1, 5, 6]], np.int32)]
+        tabs, (s_dev, r_dev) = dev.k.expert_tables([(buf, np.array([0, 1])), (buf, np.array([2]))], (0, 8, 16),
+                                                   tiles, dev.compute, riders=(slot, src))
+        slot[:] = -1
+        src[:] = -1
+        assert len(tabs) == 2 and [t[-1] for t in tabs] == [1, 2]
+        np.testing.assert_array_equal(s_dev, np.arange(12).reshape(4, 3))
+        np.testing.assert_array_equal(r_dev, np.arange(12)[::-1])
+        none, (s2, r2) = dev.k.expert_tables([], (0, 8, 16), [], dev.compute, riders=(slot, src))
+        assert none == [] and (s2 == -1).all() and (r2 == -1).all()
+    finally:
+        dev.close()
