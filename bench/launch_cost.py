@@ -10,6 +10,7 @@ rows alike. What it answers: how much of a host-bound prompt layer (~50 launches
 from __future__ import annotations
 
 import argparse
+import ctypes
 import time
 
 import numpy as np
@@ -24,9 +25,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     import cupy as cp
-
-    import ctypes
-
     from cupy_backends.cuda.api import driver
 
     from strata.accel.device.cuda import CudaDevice

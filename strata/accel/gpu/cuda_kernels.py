@@ -36,7 +36,8 @@ class _Staging:
         self.base, self.dbase = self.buf.ctypes.data, self.dbuf.data.ptr
         self.inflight: collections.deque = collections.deque()     # (start, end, event), allocation order
 
-    def put(self, host: np.ndarray) -> np.ndarray:
+    def put(self, host: np.ndarray) -> int:
+        """Copy `host` (contiguous) into the ring; its offset (device twin: the same)."""
         n = -(-max(host.nbytes, 1) // 256) * 256
         assert n <= self.buf.nbytes, f"a table of {host.nbytes} bytes exceeds the staging ring"
         if self.pos + n > self.buf.nbytes:
@@ -47,10 +48,9 @@ class _Staging:
             if not q[0][2].done:
                 q[0][2].synchronize()                      # the ring came round to a copy still in flight
             q.popleft()
-        view = self.buf[start:start + host.nbytes]
-        view[:] = host.reshape(-1).view(np.uint8)
+        self.buf[start:start + host.nbytes] = host.reshape(-1).view(np.uint8)
         self.pos = end
-        return view
+        return start
 
     def done(self, start: int, nbytes: int, stream) -> None:
         """The copy of [start, start + nbytes) is enqueued on `stream`."""
@@ -103,7 +103,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         """`upload`'s copy, by offsets alone: host (contiguous) lands at dbuf[off:], off returned. No CuPy view is
         made (each costs ~10 us of a host-bound prompt layer's time; expert_tables wants the address only)."""
         st = self.staging
-        off = st.put(host).ctypes.data - st.base
+        off = st.put(host)
         n16 = -(-max(host.nbytes, 1) // 16)        # regions are 256-byte aligned and padded: whole uint4s
         self.fn["pull_bytes"]((min(-(-n16 // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
                               (np.uint64(st.dbase + off), np.uint64(st.base + off), np.int64(n16)), stream=stream.s)
