@@ -67,11 +67,13 @@ def test_moe_gemv(devs, name):
             close(outs[0][:, :n], oh, 2e-3)
 
 
-@pytest.mark.parametrize("pos", [0, 7, 40])
-def test_attn_decode_and_kv_store_at(devs, pos):
+@pytest.mark.parametrize("pos,S", [(0, 48), (7, 48), (40, 48), (1023, 3000), (1100, 3000), (2999, 3000)])
+def test_attn_decode_and_kv_store_at(devs, pos, S):
+    """Positions from one key to the cache's last row: up to every one of the kernel's key parts, the last one
+    partly filled (the CUDA kernel splits a head's keys over parts, the host twin takes them in one pass)."""
     c, h = devs
     rng = np.random.default_rng(8)
-    H, Hkv, hd, S = 8, 2, 64, 48
+    H, Hkv, hd = 8, 2, 64
     q = rng.standard_normal((1, H, hd)).astype(np.float32)
     k = rng.standard_normal((1, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((1, Hkv, hd)).astype(np.float32)
@@ -84,6 +86,7 @@ def test_attn_decode_and_kv_store_at(devs, pos):
     kd, vd, pd = c.asarray(kc), c.asarray(vc), c.asarray(np.array([pos], np.int32))
     c.k.kv_store_at(kd, vd, c.asarray(k), c.asarray(v), pd, c.compute)
     out_c = c.zeros((1, H * hd), np.float32)
-    c.k.attn_decode(out_c, c.asarray(q), kd, vd, pd, c.empty((H, S), np.float32), c.compute)
+    c.k.attn_decode(out_c, c.asarray(q), kd, vd, pd, c.empty((H, c.k.attn_decode_cols(S, hd)), np.float32),
+                    c.compute)
     assert np.array_equal(c.tohost(kd), kh) and np.array_equal(c.tohost(vd), vh)
     close(c.tohost(out_c), out_h, 3e-3)

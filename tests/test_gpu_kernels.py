@@ -91,8 +91,32 @@ def test_gather_swiglu_combine(devs):
         return [np.zeros((5, 32), np.float32), rng.standard_normal((10, 32)).astype(np.float32),
                 rng.permutation(10).reshape(5, 2).astype(np.int32), rng.random((5, 2)).astype(np.float32)]
 
-    cu, ho = run_both(devs, "combine", combine)
+    def combine_wide(asarray, rng):          # rows wider than one block's 256 columns, the last block partial
+        return [np.zeros((3, 600), np.float32), rng.standard_normal((9, 600)).astype(np.float32),
+                rng.permutation(9).reshape(3, 3).astype(np.int32), rng.random((3, 3)).astype(np.float32)]
+
+    for make in (combine, combine_wide):
+        cu, ho = run_both(devs, "combine", make)
+        close(cu, ho, 1e-6)
+
+
+def test_sigmoid_gate(devs):
+    """One kernel, the bits of the CuPy expression it replaced (s · 1 / (1 + exp(-g)))."""
+    c, _ = devs
+    rng = np.random.default_rng(5)
+
+    def gate(asarray, rng):
+        return [np.zeros((4, 300), np.float32), rng.standard_normal((4, 300)).astype(np.float32),
+                rng.standard_normal((4, 1)).astype(np.float32) * 4]
+
+    cu, ho = run_both(devs, "sigmoid_gate", gate)
     close(cu, ho, 1e-6)
+    s = c.asarray(rng.standard_normal((4, 300)).astype(np.float32))
+    g = c.asarray(rng.standard_normal((4, 1)).astype(np.float32))
+    out = c.zeros((4, 300), np.float32)
+    c.k.sigmoid_gate(out, s, g, c.compute)
+    c.synchronize()
+    assert np.array_equal(c.tohost(out), c.tohost(s * (1.0 / (1.0 + c.cp.exp(-g)))))
 
 
 def test_rms_norm_rope_kv(devs):

@@ -13,6 +13,7 @@ from strata.accel.gpu import dequant as dq
 MG_WARPS, MG_STAGE = 8, 1152                 # decode_kernels.cu
 MG_ROWS = 2    # rows per warp: more warps in flight keep more PCIe reads outstanding; each block stages x once
 SMEM_MAX = 48 << 10                          # dynamic shared memory without an opt-in
+AD_PARTS, AD_THREADS = 32, 128               # decode_kernels.cu: attn_decode's key parts a head, threads a block
 
 
 class CudaDecodeKernels:
@@ -56,10 +57,18 @@ class CudaDecodeKernels:
         assert k.flags.c_contiguous and v.flags.c_contiguous and kc.shape[1] * kc.shape[2] == n
         self._decode_fn("kv_store_at")((-(-n // 256),), (256,), (kc, vc, k, v, pos, np.int32(n)), stream=stream.s)
 
+    def attn_decode_cols(self, n_ctx, hd):
+        return n_ctx + AD_PARTS * (hd + 2)          # the scores, then the parts' (max, sum, o[hd])
+
     def attn_decode(self, out, q, kc, vc, pos, scratch, stream):
         T, H, hd = q.shape
         assert T == 1 and q.flags.c_contiguous and out.flags.c_contiguous and scratch.dtype == np.float32
-        self._decode_fn("attn_decode")((H,), (128,), (out, q, kc, vc, pos, scratch, np.int32(scratch.shape[1]),
-                                                     np.int32(H), np.int32(kc.shape[1]), np.int32(hd),
-                                                     np.float32(1.0 / np.sqrt(hd))),
-                                       stream=stream.s, shared_mem=hd * 4)
+        ld = scratch.shape[1]
+        assert scratch.shape[0] >= H and ld >= self.attn_decode_cols(kc.shape[0], hd), \
+            f"attn_decode: scratch rows of {ld} floats, {self.attn_decode_cols(kc.shape[0], hd)} needed"
+        self._decode_fn("attn_dec_part")((H, AD_PARTS), (AD_THREADS,),
+                                         (q, kc, vc, pos, scratch, np.int32(ld), np.int32(H), np.int32(kc.shape[1]),
+                                          np.int32(hd), np.float32(1.0 / np.sqrt(hd))),
+                                         stream=stream.s, shared_mem=hd * 4)
+        self._decode_fn("attn_dec_merge")((H,), (AD_THREADS,), (out, pos, scratch, np.int32(ld), np.int32(hd)),
+                                          stream=stream.s)

@@ -78,7 +78,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
             "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
-            "pull_bytes")}
+            "pull_bytes", "sigmoid_gate")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
@@ -248,7 +248,10 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         T, D = out.shape
         K = w.shape[1]
         w = self.cp.ascontiguousarray(w)
-        self.fn["combine"]((T,), (256,), (out, dm, _tab_ptr(slot), w, np.int32(T), np.int32(K), np.int32(D)),
+        # a block per (token, 256 columns): one token's combine (decode) was one block's serial loads (15.6 us a
+        # layer on the H200, decode_profile_f8_stop20.log); each column's sum is the same k-order sum
+        self.fn["combine"]((T, -(-D // 256)), (256,),
+                           (out, dm, _tab_ptr(slot), w, np.int32(T), np.int32(K), np.int32(D)),
                            stream=stream.s)
 
     # --- dense --------------------------------------------------------------------------------------------------
@@ -388,5 +391,9 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                 w /= w.sum(axis=1, keepdims=True)
 
     def sigmoid_gate(self, out, s, g, stream):
-        with stream.s:
-            self.cp.multiply(s, 1.0 / (1.0 + self.cp.exp(-g)), out=out)
+        T, D = out.shape
+        assert out.flags.c_contiguous and s.flags.c_contiguous and g.flags.c_contiguous and g.size == T
+        n = T * D
+        if n:
+            self.fn["sigmoid_gate"]((min(4096, -(-n // 256)),), (256,), (out, s, g, np.int64(n), np.int32(D)),
+                                    stream=stream.s)

@@ -116,10 +116,15 @@ class Kernels(abc.ABC):
     def kv_store_at(self, kc, vc, k, v, pos, stream) -> None:
         """kc/vc f16 [S, Hkv, hd] row pos[0] <- k/v f32 [1, Hkv, hd]; pos i32 [1] on the device."""
 
+    def attn_decode_cols(self, n_ctx: int, hd: int) -> int:
+        """Floats per head of `attn_decode`'s scratch for a cache of n_ctx rows."""
+        return n_ctx
+
     @abc.abstractmethod
     def attn_decode(self, out, q, kc, vc, pos, scratch, stream) -> None:
         """One query q f32 [1, H, hd] at position pos[0] (device i32 [1]) over cache rows 0..pos[0]: out f32
-        [1, H·hd], `attention`'s arithmetic. scratch f32 [H, >= pos[0] + 1]."""
+        [1, H·hd], `attention`'s arithmetic (the order of the sums is the kernel's own). scratch f32
+        [H, >= attn_decode_cols(kc rows, hd)]."""
 
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -96,21 +96,32 @@ extern "C" __global__ void kv_store_at(half_t* kc, half_t* vc, const float* k, c
     }
 }
 
-// out fp32 [H·hd] for the query q fp32 [H, hd] at position pos[0], keys 0..pos[0]; sc fp32 [H, ld_sc] scratch.
-// One block per head. The prompt path's arithmetic (attention: attn_kernels.cu, or attn_qperm, cuBLAS and
-// attn_softmax): fp16 q and k, fp32 scores scaled in the softmax, weights normalised then rounded to fp16, fp32
-// sums over fp16 v.
-extern "C" __global__ void attn_decode(float* out, const float* q, const half_t* kc, const half_t* vc,
-                                       const int* pos, float* sc, int ld_sc, int H, int Hkv, int hd, float scale) {
+// One query q fp32 [H, hd] at position pos[0] over the keys 0..pos[0] (S of them), split over the keys
+// (flash-decoding): a block per (head, part) where a one-block-per-head pass walked every key in series (a
+// decode token's attention grew with the context: bench/decode_context.py). Part c of head h holds keys
+// [c·CH, min(S, c·CH + CH)), CH = 32·ceil(S / (32·AD_PARTS)); AD_PARTS blocks a head whatever S, those past S idle,
+// so one captured graph serves every position. The prompt path's fp16 q and k, fp32 scores scaled in the softmax,
+// fp32 sums over fp16 v; a part's weights exp(score − its max) are rounded to fp16, and the merge rescales the
+// parts by exp(max_c − max) over the sum of exponentials. sc fp32 [H, ld_sc]: the scores in [0, S), the parts'
+// (max, sum, o[hd]) in the last AD_PARTS·(hd + 2) floats of each head's row (cuda_decode.attn_decode_cols).
+#define AD_PARTS 32
+
+__device__ __forceinline__ int ad_chunk(int S) { return 32 * ((S + 32 * AD_PARTS - 1) / (32 * AD_PARTS)); }
+
+extern "C" __global__ void attn_dec_part(const float* q, const half_t* kc, const half_t* vc, const int* pos,
+                                         float* sc, int ld_sc, int H, int Hkv, int hd, float scale) {
     __shared__ float sh[33];
     extern __shared__ float qs[];  // [hd]
-    const int h = blockIdx.x, j = h / (H / Hkv), S = pos[0] + 1;
+    const int h = blockIdx.x, c = blockIdx.y, j = h / (H / Hkv), S = pos[0] + 1, CH = ad_chunk(S);
+    const int s0 = c * CH, s1 = min(S, s0 + CH);
+    if (s0 >= S) return;                                               // the whole block: no barrier is skipped
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = h2f(f2h(q[(long long)h * hd + d]));
     __syncthreads();
     float* x = sc + (long long)h * ld_sc;
+    float* part = x + ld_sc - AD_PARTS * (hd + 2) + c * (hd + 2);  // [max, sum, o[hd]]
     float mx = -3.0e38f;
-    for (int s = warp; s < S; s += nw) {
+    for (int s = s0 + warp; s < s1; s += nw) {
         const half_t* kr = kc + ((long long)s * Hkv + j) * hd;
         float a = 0.f;
         for (int d = lane; d < hd; d += 32) a += qs[d] * h2f(kr[d]);
@@ -124,14 +135,34 @@ extern "C" __global__ void attn_decode(float* out, const float* q, const half_t*
     for (int i = 1; i < nw; i++) mx = fmaxf(mx, sh[i]);
     __syncthreads();
     float sum = 0.f;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) sum += expf(x[s] * scale - mx);
-    sum = block_sum(sum, sh);
-    const float inv = 1.f / sum;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) x[s] = h2f(f2h(expf(x[s] * scale - mx) * inv));
-    __syncthreads();
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+        const float e = expf(x[s] * scale - mx);
+        sum += e;
+        x[s] = h2f(f2h(e));
+    }
+    sum = block_sum(sum, sh);                                          // its barriers publish x[s0, s1)
+    if (threadIdx.x == 0) { part[0] = mx; part[1] = sum; }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.f;
-        for (int s = 0; s < S; s++) a += x[s] * h2f(vc[((long long)s * Hkv + j) * hd + d]);
-        out[(long long)h * hd + d] = a;
+#pragma unroll 4
+        for (int s = s0; s < s1; s++) a += x[s] * h2f(vc[((long long)s * Hkv + j) * hd + d]);
+        part[2 + d] = a;
+    }
+}
+
+// out fp32 [H·hd] = Σ_c exp(max_c − max) · o_c / Σ_c exp(max_c − max) · sum_c over the parts of attn_dec_part, in
+// part order (the same order for every thread: deterministic). One block per head.
+extern "C" __global__ void attn_dec_merge(float* out, const int* pos, const float* sc, int ld_sc, int hd) {
+    const int h = blockIdx.x, S = pos[0] + 1, np = (S + ad_chunk(S) - 1) / ad_chunk(S);
+    const float* parts = sc + (long long)h * ld_sc + ld_sc - AD_PARTS * (hd + 2);
+    float mx = -3.0e38f;
+    for (int c = 0; c < np; c++) mx = fmaxf(mx, parts[c * (hd + 2)]);
+    float l = 0.f;
+    for (int c = 0; c < np; c++) l += expf(parts[c * (hd + 2)] - mx) * parts[c * (hd + 2) + 1];
+    const float inv = 1.f / l;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int c = 0; c < np; c++) a += expf(parts[c * (hd + 2)] - mx) * parts[c * (hd + 2) + 2 + d];
+        out[(long long)h * hd + d] = a * inv;
     }
 }

@@ -114,10 +114,17 @@ extern "C" __global__ void swiglu(half_t* out, const float* gu, int R, int F, in
     }
 }
 
+// out [T, D] = s · sigmoid(g), g [T, 1]: the shared expert's gate (qwen2moe) in one launch where CuPy's
+// elementwise ops took three; the same float operations (expf, 1 + e, 1 / that, the product) as those ops
+extern "C" __global__ void sigmoid_gate(float* out, const float* s, const float* g, long long n, int D) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = s[i] * (1.f / (1.f + expf(-g[i / D])));
+}
+
 // out [T, D] = sum over k in order of w[t,k] * dm[slot[t,k], :]
 extern "C" __global__ void combine(float* out, const float* dm, const int* slot, const float* w, int T, int K, int D) {
     const int t = blockIdx.x;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < D; d += gridDim.y * blockDim.x) {
         float acc = 0.f;
         for (int k = 0; k < K; k++)
             acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], dm[(long long)slot[t * K + k] * D + d]));
