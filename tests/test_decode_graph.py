@@ -121,3 +121,21 @@ def test_rows_too_long_for_the_graph_fall_back_to_the_per_layer_path():
         dev.close()
     assert e.dgraph is None and any("decode: per layer (expert rows of" in x for x in lines)
     assert e.stats.decode_tokens == 1
+
+
+def test_heads_the_graph_attention_does_not_take_fall_back_to_the_per_layer_path():
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("strata-tiny"))
+    dev = HostDevice()
+    dev.k.attn_decode_takes = lambda hd: hd != m.cfg.head_dim      # as CUDA's bounds (hd <= 256, 8k) would say
+    lines = []
+    try:
+        e = GpuEngine(m, dev, n_ctx=32, log=lines.append)
+        e.prefill([1, 2, 3])
+        e.decode([4])
+    finally:
+        dev.close()
+    assert e.dgraph is None and any(f"decode: per layer (heads of {m.cfg.head_dim}" in x for x in lines)
+    assert e.stats.decode_tokens == 1

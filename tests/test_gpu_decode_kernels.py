@@ -67,13 +67,16 @@ def test_moe_gemv(devs, name):
             close(outs[0][:, :n], oh, 2e-3)
 
 
-@pytest.mark.parametrize("pos,S", [(0, 48), (7, 48), (40, 48), (1023, 3000), (1100, 3000), (2999, 3000)])
-def test_attn_decode_and_kv_store_at(devs, pos, S):
-    """Positions from one key to the cache's last row: up to every one of the kernel's key parts, the last one
-    partly filled (the CUDA kernel splits a head's keys over parts, the host twin takes them in one pass)."""
+@pytest.mark.parametrize("pos,S,H,Hkv", [(0, 48, 8, 2), (7, 48, 8, 2), (40, 48, 8, 2), (1023, 3000, 8, 2),
+                                         (1100, 3000, 8, 2), (2999, 3000, 8, 2), (2999, 3000, 10, 2),
+                                         (40, 48, 16, 1), (5000, 6000, 16, 1)])
+def test_attn_decode_and_kv_store_at(devs, pos, S, H, Hkv):
+    """Positions from one key to the cache's last row, over one to all of the kernel's key parts, the last partly
+    filled (CUDA splits a head's keys over parts, the host twin takes them in one pass); 4, 5 and 16 query heads a
+    kv head (CUDA's blocks take 4, 5 and 8 of them)."""
     c, h = devs
     rng = np.random.default_rng(8)
-    H, Hkv, hd = 8, 2, 64
+    hd = 64
     q = rng.standard_normal((1, H, hd)).astype(np.float32)
     k = rng.standard_normal((1, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((1, Hkv, hd)).astype(np.float32)

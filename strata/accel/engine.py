@@ -133,6 +133,9 @@ class GpuEngine:
         elif self.config.decode_graph and longest > dev.k.moe_gemv_max_k:
             self.log(f"decode: per layer (expert rows of {longest} weights exceed the decode graph's "
                      f"{dev.k.moe_gemv_max_k})")
+        elif self.config.decode_graph and not dev.k.attn_decode_takes(self.cfg.head_dim):
+            self.log(f"decode: per layer (heads of {self.cfg.head_dim} are not a size the decode graph's attention "
+                     f"takes)")
         elif self.config.decode_graph:
             from strata.accel.decode_graph import DecodeGraph
 

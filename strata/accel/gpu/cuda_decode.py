@@ -13,7 +13,8 @@ from strata.accel.gpu import dequant as dq
 MG_WARPS, MG_STAGE = 8, 1152                 # decode_kernels.cu
 MG_ROWS = 2    # rows per warp: more warps in flight keep more PCIe reads outstanding; each block stages x once
 SMEM_MAX = 48 << 10                          # dynamic shared memory without an opt-in
-AD_PARTS, AD_THREADS = 32, 128               # decode_kernels.cu: attn_decode's key parts a head, threads a block
+# decode_kernels.cu: attn_decode's key parts, threads a block, head size / 32 and query heads a block at most
+AD_PARTS, AD_THREADS, AD_MAXD, AD_MAXG = 128, 128, 8, 8
 
 
 class CudaDecodeKernels:
@@ -57,18 +58,24 @@ class CudaDecodeKernels:
         assert k.flags.c_contiguous and v.flags.c_contiguous and kc.shape[1] * kc.shape[2] == n
         self._decode_fn("kv_store_at")((-(-n // 256),), (256,), (kc, vc, k, v, pos, np.int32(n)), stream=stream.s)
 
+    def attn_decode_takes(self, hd):
+        return hd <= 32 * AD_MAXD and hd % 8 == 0      # a lane's columns in registers; key rows in 16-byte loads
+
     def attn_decode_cols(self, n_ctx, hd):
         return n_ctx + AD_PARTS * (hd + 2)          # the scores, then the parts' (max, sum, o[hd])
 
     def attn_decode(self, out, q, kc, vc, pos, scratch, stream):
         T, H, hd = q.shape
+        Hkv = kc.shape[1]
         assert T == 1 and q.flags.c_contiguous and out.flags.c_contiguous and scratch.dtype == np.float32
+        assert self.attn_decode_takes(hd), f"attn_decode takes head sizes of 8k <= {32 * AD_MAXD}, not {hd}"
         ld = scratch.shape[1]
         assert scratch.shape[0] >= H and ld >= self.attn_decode_cols(kc.shape[0], hd), \
             f"attn_decode: scratch rows of {ld} floats, {self.attn_decode_cols(kc.shape[0], hd)} needed"
-        self._decode_fn("attn_dec_part")((H, AD_PARTS), (AD_THREADS,),
-                                         (q, kc, vc, pos, scratch, np.int32(ld), np.int32(H), np.int32(kc.shape[1]),
-                                          np.int32(hd), np.float32(1.0 / np.sqrt(hd))),
-                                         stream=stream.s, shared_mem=hd * 4)
+        gb = max(b for b in range(1, AD_MAXG + 1) if (H // Hkv) % b == 0)     # query heads a block, one kv head
+        self._decode_fn("attn_dec_part")((H // gb, AD_PARTS), (AD_THREADS,),
+                                         (q, kc, vc, pos, scratch, np.int32(ld), np.int32(H), np.int32(Hkv),
+                                          np.int32(hd), np.float32(1.0 / np.sqrt(hd)), np.int32(gb)),
+                                         stream=stream.s, shared_mem=(1 + AD_THREADS // 32) * gb * hd * 4)
         self._decode_fn("attn_dec_merge")((H,), (AD_THREADS,), (out, pos, scratch, np.int32(ld), np.int32(hd)),
                                           stream=stream.s)

@@ -116,6 +116,10 @@ class Kernels(abc.ABC):
     def kv_store_at(self, kc, vc, k, v, pos, stream) -> None:
         """kc/vc f16 [S, Hkv, hd] row pos[0] <- k/v f32 [1, Hkv, hd]; pos i32 [1] on the device."""
 
+    def attn_decode_takes(self, hd: int) -> bool:
+        """Whether `attn_decode` is built for heads of hd (else the engine decodes per layer)."""
+        return True
+
     def attn_decode_cols(self, n_ctx: int, hd: int) -> int:
         """Floats per head of `attn_decode`'s scratch for a cache of n_ctx rows."""
         return n_ctx

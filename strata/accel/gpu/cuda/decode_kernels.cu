@@ -97,56 +97,136 @@ extern "C" __global__ void kv_store_at(half_t* kc, half_t* vc, const float* k, c
 }
 
 // One query q fp32 [H, hd] at position pos[0] over the keys 0..pos[0] (S of them), split over the keys
-// (flash-decoding): a block per (head, part) where a one-block-per-head pass walked every key in series (a
-// decode token's attention grew with the context: bench/decode_context.py). Part c of head h holds keys
-// [c·CH, min(S, c·CH + CH)), CH = 32·ceil(S / (32·AD_PARTS)); AD_PARTS blocks a head whatever S, those past S idle,
-// so one captured graph serves every position. The prompt path's fp16 q and k, fp32 scores scaled in the softmax,
-// fp32 sums over fp16 v; a part's weights exp(score − its max) are rounded to fp16, and the merge rescales the
-// parts by exp(max_c − max) over the sum of exponentials. sc fp32 [H, ld_sc]: the scores in [0, S), the parts'
-// (max, sum, o[hd]) in the last AD_PARTS·(hd + 2) floats of each head's row (cuda_decode.attn_decode_cols).
-#define AD_PARTS 32
+// (flash-decoding) where one block a head had walked every key in series, and decode slowed with the context
+// (bench/results/h200/decode_attn_ab_*_stop28.log). Block (b, c) takes
+// the GB query heads b·GB.. (a divisor of H/Hkv, <= AD_MAXG), which share one kv head: their keys and values of
+// part c are read once for all of them. Part c holds keys [c·CH, min(S, c·CH + CH)), CH = 32·ceil(S /
+// (32·AD_PARTS)); AD_PARTS blocks a group whatever S, those past S idle, so one captured graph serves every
+// position. The prompt path's fp16 q and k, fp32 scores scaled in the softmax, fp32 sums over fp16 v; a part's
+// weights exp(score − its max) are rounded to fp16, and the merge rescales the parts by exp(max_c − max) over the
+// sum of the exponentials. sc fp32 [H, ld_sc]: the scores in [0, S), then the parts' (max, sum, o[hd]) in the last
+// AD_PARTS·(hd + 2) floats of each head's row (cuda_decode.attn_decode_cols). hd <= 32·AD_MAXD.
+#define AD_PARTS 128
+#define AD_WARPS 4    // 128 threads a block (cuda_decode.AD_THREADS)
+#define AD_MAXD 8
+#define AD_MAXG 8
 
 __device__ __forceinline__ int ad_chunk(int S) { return 32 * ((S + 32 * AD_PARTS - 1) / (32 * AD_PARTS)); }
 
 extern "C" __global__ void attn_dec_part(const float* q, const half_t* kc, const half_t* vc, const int* pos,
-                                         float* sc, int ld_sc, int H, int Hkv, int hd, float scale) {
-    __shared__ float sh[33];
-    extern __shared__ float qs[];  // [hd]
-    const int h = blockIdx.x, c = blockIdx.y, j = h / (H / Hkv), S = pos[0] + 1, CH = ad_chunk(S);
+                                         float* sc, int ld_sc, int H, int Hkv, int hd, float scale, int GB) {
+    __shared__ float shm[AD_WARPS][AD_MAXG];
+    __shared__ float shs[AD_WARPS][AD_MAXG];
+    extern __shared__ float smem[];  // qs [GB][hd] | red [AD_WARPS][GB][hd]
+    const int h0 = blockIdx.x * GB, c = blockIdx.y, j = h0 / (H / Hkv), S = pos[0] + 1, CH = ad_chunk(S);
     const int s0 = c * CH, s1 = min(S, s0 + CH);
-    if (s0 >= S) return;                                               // the whole block: no barrier is skipped
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = h2f(f2h(q[(long long)h * hd + d]));
+    if (s0 >= S) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = AD_WARPS;
+    float* qs = smem;
+    float* red = smem + GB * hd;
+    for (int i = threadIdx.x; i < GB * hd; i += blockDim.x) qs[i] = h2f(f2h(q[(long long)h0 * hd + i]));
     __syncthreads();
-    float* x = sc + (long long)h * ld_sc;
-    float* part = x + ld_sc - AD_PARTS * (hd + 2) + c * (hd + 2);  // [max, sum, o[hd]]
-    float mx = -3.0e38f;
-    for (int s = s0 + warp; s < s1; s += nw) {
+    const int h8 = hd >> 3;
+    float mx[AD_MAXG];
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++) mx[g] = -3.0e38f;
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {        // scores: a thread a key, its row read once
         const half_t* kr = kc + ((long long)s * Hkv + j) * hd;
-        float a = 0.f;
-        for (int d = lane; d < hd; d += 32) a += qs[d] * h2f(kr[d]);
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) x[s] = a;
-        mx = fmaxf(mx, a * scale);
+        const uint4* k4 = reinterpret_cast<const uint4*>(kr);
+        float a[AD_MAXG];
+#pragma unroll
+        for (int g = 0; g < AD_MAXG; g++) a[g] = 0.f;
+        for (int i = 0; i < h8; i++) {
+            const uint4 u = k4[i];
+            const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float k0 = h2f((half_t)(w[t] & 0xffffu)), k1 = h2f((half_t)(w[t] >> 16));
+#pragma unroll
+                for (int g = 0; g < AD_MAXG; g++)
+                    if (g < GB) {
+                        a[g] += qs[g * hd + 8 * i + 2 * t] * k0;
+                        a[g] += qs[g * hd + 8 * i + 2 * t + 1] * k1;
+                    }
+            }
+        }
+        for (int d = h8 * 8; d < hd; d++)
+            for (int g = 0; g < GB; g++) a[g] += qs[g * hd + d] * h2f(kr[d]);
+#pragma unroll
+        for (int g = 0; g < AD_MAXG; g++)
+            if (g < GB) {
+                sc[(long long)(h0 + g) * ld_sc + s] = a[g];
+                mx[g] = fmaxf(mx[g], a[g] * scale);
+            }
     }
-    if (lane == 0) sh[warp] = mx;
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++) {
+        for (int o = 16; o > 0; o >>= 1) mx[g] = fmaxf(mx[g], __shfl_xor_sync(0xffffffffu, mx[g], o));
+        if (lane == 0) shm[warp][g] = mx[g];
+    }
     __syncthreads();
-    mx = sh[0];
-    for (int i = 1; i < nw; i++) mx = fmaxf(mx, sh[i]);
-    __syncthreads();
-    float sum = 0.f;
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++) {
+        mx[g] = shm[0][g];
+        for (int i = 1; i < nw; i++) mx[g] = fmaxf(mx[g], shm[i][g]);
+    }
+    float sum[AD_MAXG];
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++) sum[g] = 0.f;
     for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
-        const float e = expf(x[s] * scale - mx);
-        sum += e;
-        x[s] = h2f(f2h(e));
+#pragma unroll
+        for (int g = 0; g < AD_MAXG; g++)
+            if (g < GB) {
+                float* xs = sc + (long long)(h0 + g) * ld_sc + s;
+                const float e = expf(*xs * scale - mx[g]);
+                sum[g] += e;
+                *xs = h2f(f2h(e));
+            }
     }
-    sum = block_sum(sum, sh);                                          // its barriers publish x[s0, s1)
-    if (threadIdx.x == 0) { part[0] = mx; part[1] = sum; }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++) {
+        for (int o = 16; o > 0; o >>= 1) sum[g] += __shfl_xor_sync(0xffffffffu, sum[g], o);
+        if (lane == 0) shs[warp][g] = sum[g];
+    }
+    __syncthreads();                                                   // also publishes the rounded weights
+    if (threadIdx.x < GB) {
+        const int g = threadIdx.x;
+        float l = 0.f;
+        for (int i = 0; i < nw; i++) l += shs[i][g];
+        float* part = sc + (long long)(h0 + g) * ld_sc + ld_sc - AD_PARTS * (hd + 2) + c * (hd + 2);
+        part[0] = mx[g];
+        part[1] = l;
+    }
+    float acc[AD_MAXG][AD_MAXD];
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++)
+#pragma unroll
+        for (int i = 0; i < AD_MAXD; i++) acc[g][i] = 0.f;
+    for (int s = s0 + warp; s < s1; s += nw) {                       // Σ p·v: a warp a key, lanes over hd
+        const half_t* vr = vc + ((long long)s * Hkv + j) * hd;
+        float v[AD_MAXD];
+#pragma unroll
+        for (int i = 0; i < AD_MAXD; i++) v[i] = lane + 32 * i < hd ? h2f(vr[lane + 32 * i]) : 0.f;
+#pragma unroll
+        for (int g = 0; g < AD_MAXG; g++)
+            if (g < GB) {
+                const float p = sc[(long long)(h0 + g) * ld_sc + s];
+#pragma unroll
+                for (int i = 0; i < AD_MAXD; i++) acc[g][i] += p * v[i];
+            }
+    }
+#pragma unroll
+    for (int g = 0; g < AD_MAXG; g++)
+        if (g < GB)
+#pragma unroll
+            for (int i = 0; i < AD_MAXD; i++)
+                if (lane + 32 * i < hd) red[(warp * GB + g) * hd + lane + 32 * i] = acc[g][i];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GB * hd; idx += blockDim.x) {
+        const int g = idx / hd, d = idx - g * hd;
         float a = 0.f;
-#pragma unroll 4
-        for (int s = s0; s < s1; s++) a += x[s] * h2f(vc[((long long)s * Hkv + j) * hd + d]);
-        part[2 + d] = a;
+        for (int w = 0; w < nw; w++) a += red[(w * GB + g) * hd + d];
+        sc[(long long)(h0 + g) * ld_sc + ld_sc - AD_PARTS * (hd + 2) + c * (hd + 2) + 2 + d] = a;
     }
 }
 
