@@ -139,3 +139,36 @@ def test_heads_the_graph_attention_does_not_take_fall_back_to_the_per_layer_path
         dev.close()
     assert e.dgraph is None and any(f"decode: per layer (heads of {m.cfg.head_dim}" in x for x in lines)
     assert e.stats.decode_tokens == 1
+
+
+def test_per_layer_decode_steps_take_the_decode_attention():
+    """A one-query step of the per-layer path goes through attn_decode (split over the keys on CUDA), a prompt
+    chunk through the prompt kernel: counted on the host twin, whose two kernels give the same numbers."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("strata-tiny"))
+    dev = HostDevice()
+    calls = {"attention": 0, "attn_decode": 0}
+    attention = dev.k.attention
+
+    def counted_attention(*a, **kw):
+        calls["attention"] += 1
+        return attention(*a, **kw)
+
+    def counted_decode(out, q, kc, vc, pos, scratch, stream):      # the host twin's attn_decode, counted apart
+        calls["attn_decode"] += 1
+        return attention(out, q, kc, vc, int(pos[0]), scratch, stream)
+
+    dev.k.attention, dev.k.attn_decode = counted_attention, counted_decode
+    try:
+        e = GpuEngine(m, dev, n_ctx=32, config=policy.Config(decode_graph=False))
+        e.prefill([1, 2, 3])
+        prompt = dict(calls)
+        e.decode([4])
+        e.decode([5])
+    finally:
+        dev.close()
+    L = m.cfg.n_layer
+    assert prompt == {"attention": L, "attn_decode": 0}
+    assert calls == {"attention": L, "attn_decode": 2 * L}

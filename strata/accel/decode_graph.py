@@ -61,7 +61,7 @@ class DecodeGraph:
         self.table = dev.zeros((L, E), np.int32)                 # the device's slot_of, uploaded when it changed
         self.ids, self.w = dev.zeros((L, 1, K), np.int32), dev.zeros((L, 1, K), np.float32)
         self.pair = dev.asarray(np.arange(K, dtype=np.int32).reshape(1, K))      # combine: (t=0, k) -> Dm row k
-        self.scores = dev.empty((c.n_head, dev.k.attn_decode_cols(n_ctx, c.head_dim)), np.float32)   # [H, S+]
+        self.scores = ops.dscores                                                  # attention scratch [H, S+]
         self.srcs = [ExpertSource(cache.buf, self.table[l], arena.layers[l]) for l in range(L)]
         self.offsets = [blob_offsets(c, t) for t in arena.types]                 # [gate | up | down] bytes
         self.ops = GraphOps(ops, self)

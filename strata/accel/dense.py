@@ -90,6 +90,9 @@ class DeviceOps:
         self.embd_done = dev.event()
         self.bufs, self.pos0, self.T = None, 0, 0
         self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
+        # one query's attention scratch (attn_decode: scores and key parts), for the decode graph and one-token steps
+        c = self.cfg
+        self.dscores = dev.empty((c.n_head, self.k.attn_decode_cols(n_ctx, c.head_dim)), np.float32)
 
     def begin(self, bufs, pos0: int, T: int):
         self.bufs, self.pos0, self.T = bufs, pos0, T
@@ -138,7 +141,12 @@ class DeviceOps:
         s = self.dev.compute
         self.k.kv_store(kc, vc, k, v, self.pos0, s)
         out = self.dev.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
-        self.k.attention(out, q, kc, vc, self.pos0, self.bufs.attn_scratch, s)
+        if q.shape[0] == 1 and self.k.attn_decode_takes(q.shape[2]):
+            # one query (a per-layer decode step): the decode graph's kernel, split over the keys, where the prompt
+            # kernel's few blocks walk them in series (bench/results/h200/decode_layer_attn_ab_*_stop28.log)
+            self.k.attn_decode(out, q, kc, vc, self.pos_dev, self.dscores, s)
+        else:
+            self.k.attention(out, q, kc, vc, self.pos0, self.bufs.attn_scratch, s)
         return out
 
     def ffn(self, h, gate: str, up: str, down: str):
