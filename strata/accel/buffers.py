@@ -88,6 +88,14 @@ def attn_scratch_bytes(cfg, cap: int, n_ctx: int) -> int:
     return max(1, min(cap, 128, ATTN_SCRATCH_TARGET // per_q)) * per_q + 4096
 
 
+def decode_scores_bytes(cfg, n_ctx: int) -> int:
+    """One query's attention scratch (DeviceOps.dscores: the decode graph's and the per-layer decode's), at its
+    CUDA size (the host twin's is smaller)."""
+    from strata.accel.gpu.cuda_decode import attn_decode_cols
+
+    return cfg.n_head * attn_decode_cols(n_ctx, cfg.head_dim) * 4
+
+
 def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int) -> int:
     """Bytes `carve` takes, rounded up to ALIGN: what follows in the same region (the ring) starts aligned."""
     c = Carver(None)

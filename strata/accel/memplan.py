@@ -9,7 +9,7 @@ import functools
 from dataclasses import dataclass
 
 from strata import policy
-from strata.accel.buffers import attn_scratch_bytes, layout_bytes, temp_bytes
+from strata.accel.buffers import attn_scratch_bytes, decode_scores_bytes, layout_bytes, temp_bytes
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
 from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
@@ -176,7 +176,8 @@ class _Parts:
 def _parts(model, n_ctx: int, chunk: int | None) -> _Parts:
     cfg = model.cfg
     slot = slot_bytes_for(model.max_blob_bytes())
-    decode = layout_bytes(cfg, MAXT, GROUP, attn_scratch_bytes(cfg, MAXT, n_ctx)) + ROUTED_ONLY_RING * slot
+    decode = (layout_bytes(cfg, MAXT, GROUP, attn_scratch_bytes(cfg, MAXT, n_ctx)) + ROUTED_ONLY_RING * slot
+              + decode_scores_bytes(cfg, n_ctx))
     return _Parts(cfg, n_ctx, dense_bytes(model), kv_bytes(cfg, n_ctx), decode, slot,
                   chunk or max(GRID, min(8192, n_ctx) // GRID * GRID), ring_budget_slots(slot))
 

@@ -17,6 +17,11 @@ SMEM_MAX = 48 << 10                          # dynamic shared memory without an 
 AD_PARTS, AD_THREADS, AD_MAXD, AD_MAXG = 128, 128, 8, 8
 
 
+def attn_decode_cols(n_ctx: int, hd: int) -> int:
+    """Floats a head of attn_decode's scratch: the scores, then the key parts' (max, sum, o[hd])."""
+    return n_ctx + AD_PARTS * (hd + 2)
+
+
 class CudaDecodeKernels:
     """Mixed into CudaKernels (which supplies self.cp); the module compiles on first use (NVRTC, cached by CuPy)."""
 
@@ -62,7 +67,7 @@ class CudaDecodeKernels:
         return hd <= 32 * AD_MAXD and hd % 8 == 0      # a lane's columns in registers; key rows in 16-byte loads
 
     def attn_decode_cols(self, n_ctx, hd):
-        return n_ctx + AD_PARTS * (hd + 2)          # the scores, then the parts' (max, sum, o[hd])
+        return attn_decode_cols(n_ctx, hd)
 
     def attn_decode(self, out, q, kc, vc, pos, scratch, stream):
         T, H, hd = q.shape
