@@ -105,13 +105,21 @@ def test_decode_past_the_context_is_refused(graph):
         dev.close()
 
 
-def test_rows_too_long_for_the_graph_fall_back_to_the_per_layer_path():
+@pytest.mark.parametrize("what", ["rows", "heads"])
+def test_what_the_graph_does_not_take_falls_back_to_the_per_layer_path(what):
+    """Expert rows longer than moe_gemv takes (CUDA: its shared memory), or heads attn_decode is not built for
+    (CUDA: over 256 or not 8k): decode runs per layer, and the start says why."""
     from strata.accel.device.host import HostDevice
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path("strata-tiny"))
     dev = HostDevice()
-    dev.k.moe_gemv_max_k = m.cfg.n_embd - 32                  # as CUDA's shared memory would bound it
+    if what == "rows":
+        dev.k.moe_gemv_max_k = m.cfg.n_embd - 32
+        said = "decode: per layer (expert rows of"
+    else:
+        dev.k.attn_decode_takes = lambda hd: hd != m.cfg.head_dim
+        said = f"decode: per layer (heads of {m.cfg.head_dim}"
     lines = []
     try:
         e = GpuEngine(m, dev, n_ctx=32, log=lines.append)
@@ -119,25 +127,7 @@ def test_rows_too_long_for_the_graph_fall_back_to_the_per_layer_path():
         e.decode([4])
     finally:
         dev.close()
-    assert e.dgraph is None and any("decode: per layer (expert rows of" in x for x in lines)
-    assert e.stats.decode_tokens == 1
-
-
-def test_heads_the_graph_attention_does_not_take_fall_back_to_the_per_layer_path():
-    from strata.accel.device.host import HostDevice
-    from strata.accel.engine import GpuEngine
-
-    m = models.load(golden.model_path("strata-tiny"))
-    dev = HostDevice()
-    dev.k.attn_decode_takes = lambda hd: hd != m.cfg.head_dim      # as CUDA's bounds (hd <= 256, 8k) would say
-    lines = []
-    try:
-        e = GpuEngine(m, dev, n_ctx=32, log=lines.append)
-        e.prefill([1, 2, 3])
-        e.decode([4])
-    finally:
-        dev.close()
-    assert e.dgraph is None and any(f"decode: per layer (heads of {m.cfg.head_dim}" in x for x in lines)
+    assert e.dgraph is None and any(said in x for x in lines)
     assert e.stats.decode_tokens == 1
 
 
