@@ -162,3 +162,14 @@ def test_per_layer_decode_steps_take_the_decode_attention():
     L = m.cfg.n_layer
     assert prompt == {"attention": L, "attn_decode": 0}
     assert calls == {"attention": L, "attn_decode": 2 * L}
+
+
+@pytest.mark.parametrize("h,hkv,group", [(32, 4, 8), (20, 4, 5), (64, 4, 8), (16, 16, 1), (24, 2, 6), (28, 2, 7),
+                                         (18, 1, 6)])
+def test_attn_decode_blocks_take_a_divisor_of_the_heads_sharing_a_kv_head(h, hkv, group):
+    """CUDA's attn_decode gives a block the query heads of one kv head, at most 8: the largest such divisor, so
+    no block straddles two kv heads (qwen3 8, flash-shape's 5, olmoe's 1)."""
+    from strata.accel.gpu.cuda_decode import AD_MAXG, query_group
+
+    g = query_group(h, hkv)
+    assert g == group and (h // hkv) % g == 0 and g <= AD_MAXG

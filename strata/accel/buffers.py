@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.accel.gpu.cuda_decode import attn_decode_cols
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 
 ALIGN = 256
@@ -91,8 +92,6 @@ def attn_scratch_bytes(cfg, cap: int, n_ctx: int) -> int:
 def decode_scores_bytes(cfg, n_ctx: int) -> int:
     """One query's attention scratch (DeviceOps.dscores: the decode graph's and the per-layer decode's), at its
     CUDA size (the host twin's is smaller)."""
-    from strata.accel.gpu.cuda_decode import attn_decode_cols
-
     return cfg.n_head * attn_decode_cols(n_ctx, cfg.head_dim) * 4
 
 

@@ -6,6 +6,8 @@ Legend: P (token, k) pairs, N/Kd a matrix's rows/row length, H/Hkv heads, hd hea
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
@@ -15,6 +17,13 @@ MG_ROWS = 2    # rows per warp: more warps in flight keep more PCIe reads outsta
 SMEM_MAX = 48 << 10                          # dynamic shared memory without an opt-in
 # decode_kernels.cu: attn_decode's key parts, threads a block, head size / 32 and query heads a block at most
 AD_PARTS, AD_THREADS, AD_MAXD, AD_MAXG = 128, 128, 8, 8
+
+
+@functools.cache
+def query_group(h: int, hkv: int) -> int:
+    """attn_decode's query heads a block: the largest divisor of the h / hkv heads sharing a kv head up to AD_MAXG
+    (cached: the per-layer decode path launches it every layer of every token)."""
+    return max(b for b in range(1, AD_MAXG + 1) if (h // hkv) % b == 0)
 
 
 def attn_decode_cols(n_ctx: int, hd: int) -> int:
@@ -77,7 +86,7 @@ class CudaDecodeKernels:
         ld = scratch.shape[1]
         assert scratch.shape[0] >= H and ld >= self.attn_decode_cols(kc.shape[0], hd), \
             f"attn_decode: scratch rows of {ld} floats, {self.attn_decode_cols(kc.shape[0], hd)} needed"
-        gb = max(b for b in range(1, AD_MAXG + 1) if (H // Hkv) % b == 0)     # query heads a block, one kv head
+        gb = query_group(H, Hkv)
         self._decode_fn("attn_dec_part")((H // gb, AD_PARTS), (AD_THREADS,),
                                          (q, kc, vc, pos, scratch, np.int32(ld), np.int32(H), np.int32(Hkv),
                                           np.int32(hd), np.float32(1.0 / np.sqrt(hd)), np.int32(gb)),
