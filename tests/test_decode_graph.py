@@ -48,6 +48,37 @@ def test_graph_matches_the_per_layer_path(kind, name):
 
 
 @pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("name", golden.golden_models())
+def test_one_gemv_for_q_k_v_gives_the_bits_of_three(kind, graph, name):
+    """A token's q|k|v come from one GEMV over the layer's concatenated matrix (DenseWeights.qkv): each row is the
+    same dot product as in its own GEMV, so the logits keep their bits; and the fused GEMV did run."""
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(name))
+    c = m.cfg
+    n_qkv = c.n_q + 2 * c.n_kv
+    outs, fused = [], []
+    for fuse in (False, True):
+        dev = make_device(kind)
+        try:
+            e = GpuEngine(m, dev, n_ctx=64, config=policy.Config(decode_graph=graph))
+            e.prefill(list(range(30, 50)))
+            e.ops.fuse_qkv = fuse
+            if e.dgraph is not None:
+                e.dgraph.ops.fuse_qkv, e.dgraph.graph = fuse, None
+            calls = []
+            lin = dev.k.linear
+            dev.k.linear = lambda out, x, w, *a, **kw: (calls.append(w.shape[0]), lin(out, x, w, *a, **kw))[1]
+            outs.append(np.concatenate([e.decode([t]) for t in range(60, 66)]))
+            fused.append(calls.count(n_qkv))
+        finally:
+            dev.close()
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    assert fused[0] == 0 and fused[1] >= c.n_layer          # per token (per layer path) or once (the capture)
+
+
+@pytest.mark.parametrize("kind", _devices())
 def test_the_device_residency_table_follows_the_cache(kind):
     """A residency change between tokens (an adaptive-tier move: evict one expert, load another into its slot)
     reaches the device's table before the next launch; the bits stay those of an engine that holds every expert

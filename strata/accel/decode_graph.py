@@ -33,6 +33,7 @@ class GraphOps(DeviceOps):
             base.kv
         self.cos, self.sin, self.moe = base.cos, base.sin, graph.moe
         self.pos_dev, self.graph, self.layer = graph.pos_dev, graph, 0
+        self.fuse_qkv, self._stash = base.fuse_qkv, {}
 
     def attention(self, layer: int, q, k, v, pos):
         kc, vc = self.kv[layer]
@@ -42,9 +43,9 @@ class GraphOps(DeviceOps):
         self.k.attn_decode(out, q, kc, vc, self.pos_dev, self.graph.scores, s)
         return out
 
-    def topk(self, probs, k: int):
+    def topk(self, probs, k: int, renorm: bool = False):
         ids, w = self.graph.ids[self.layer], self.graph.w[self.layer]                      # [1, K] each
-        self.k.router(ids, w, probs.logits, k, False, self.dev.compute)
+        self.k.router(ids, w, probs.logits, k, renorm, self.dev.compute)
         return ids, w
 
 

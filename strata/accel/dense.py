@@ -44,12 +44,21 @@ def dense_bytes(model: Model) -> int:
     return n
 
 
+QKV = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
+
+
 class DenseWeights:
+    """The dense tensors on the device by name. A layer's q, k and v matrices are rows of one [Nq+Nk+Nv, D] matrix
+    (`qkv[q's name]`: the matrix and each part's name and row range), so one GEMV makes a token's q|k|v: the
+    decode graph ran three, two of them for the few rows of k and v (DeviceOps.linear)."""
+
     def __init__(self, model: Model, dev, log=None):
         self.w: dict[str, object] = {}
+        self.qkv: dict[str, tuple[object, list[tuple[str, int, int]]]] = {}
         t0 = time.monotonic()
         names = dense_names(model)
         show = log is not None and dense_bytes(model) > PROGRESS_BYTES
+        held: dict[str, dict[str, np.ndarray]] = {}                      # layer prefix -> q/k/v host matrices
         for i, name in enumerate(names):
             t = model.tensors.info(name)
             view = model.view(name)
@@ -57,14 +66,39 @@ class DenseWeights:
             rows = shape[0] if len(shape) > 1 else 1
             k = shape[-1]
             full = weight_rows(view.reshape(rows, -1), t.qtype, 0, rows, k).reshape(shape)
-            self.w[name] = dev.asarray(full.astype(np.float32 if _is_f32(name) else np.float16))
+            arr = full.astype(np.float32 if _is_f32(name) else np.float16)
+            leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
+            if leaf in QKV and arr.ndim == 2:
+                got = held.setdefault(name[:-len(leaf)], {})
+                got[leaf] = arr
+                if len(got) == 3:
+                    self._put_qkv(dev, name[:-len(leaf)], [got[x] for x in QKV])
+            else:
+                self.w[name] = dev.asarray(arr)
             if show and (i % 16 == 0 or i == len(names) - 1):
                 print(f"\rweights: {i + 1} of {len(names)} dense tensors on {dev.name}", end="", file=sys.stderr,
                       flush=True)
+        for p, got in held.items():              # a layer without all three: each on its own
+            for leaf, arr in got.items():
+                if p + leaf not in self.w:
+                    self.w[p + leaf] = dev.asarray(arr)
         if show:
             print(file=sys.stderr)
         if log:
             log(f"weights: {dense_bytes(model) / 2**20:,.0f} MiB dense on {dev.name} in {time.monotonic() - t0:.1f} s")
+
+    def _put_qkv(self, dev, p: str, mats: list[np.ndarray]) -> None:
+        if len({(m.shape[1], m.dtype) for m in mats}) > 1:
+            for leaf, m in zip(QKV, mats):
+                self.w[p + leaf] = dev.asarray(m)
+            return
+        cat = dev.asarray(np.concatenate(mats))                            # [Nq+Nk+Nv, D]
+        parts, r = [], 0
+        for leaf, m in zip(QKV, mats):
+            self.w[p + leaf] = cat[r:r + m.shape[0]]                       # a contiguous row range
+            parts.append((p + leaf, r, r + m.shape[0]))
+            r += m.shape[0]
+        self.qkv[p + QKV[0]] = (cat, parts)
 
     def __getitem__(self, name: str):
         return self.w[name]
@@ -89,6 +123,8 @@ class DeviceOps:
         self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4))     # u8, rows or f32 [T, D]
         self.embd_done = dev.event()
         self.bufs, self.pos0, self.T = None, 0, 0
+        self.fuse_qkv = True         # one token's q|k|v in one GEMV (DenseWeights.qkv); off: three, the same bits
+        self._stash: dict = {}       # name -> (its input x, its output): k and v of the fused GEMV, for their calls
         self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
         # one query's attention scratch (attn_decode: scores and key parts), for the decode graph and one-token steps
         c = self.cfg
@@ -124,6 +160,17 @@ class DeviceOps:
         return out
 
     def linear(self, x, name: str):
+        hit = self._stash.pop(name, None)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        fused = self.wt.qkv.get(name) if self.fuse_qkv and x.shape[0] == 1 else None
+        if fused is not None:        # attn_q of one token: q, k and v in one GEMV, k and v kept for the next calls
+            cat, parts = fused
+            out = self.dev.empty((cat.shape[0],), np.float32)             # [Nq+Nk+Nv]: each row's own dot product,
+            self.k.linear(out.reshape(1, -1), x, cat, self.dev.compute)   # as in three GEMVs (the same bits)
+            views = [out[lo:hi].reshape(1, hi - lo) for _, lo, hi in parts]
+            self._stash = {n: (x, v) for (n, _, _), v in zip(parts[1:], views[1:])}
+            return views[0]
         w = self.wt[name]
         out = self.dev.empty((x.shape[0], w.shape[0]), np.float32)
         self.k.linear(out, x, w, self.dev.compute)
@@ -174,14 +221,11 @@ class DeviceOps:
         self.k.linear(logits, h, self.wt[name], self.dev.compute)          # fp32 router weights
         return _RouterLogits(logits)
 
-    def topk(self, probs: "_RouterLogits", k: int):
+    def topk(self, probs: "_RouterLogits", k: int, renorm: bool = False):
         T = probs.logits.shape[0]
         ids, w = self.bufs.ids[:T], self.bufs.w[:T]
-        self.k.router(ids, w, probs.logits, k, False, self.dev.compute)   # softmax over E, top-k
+        self.k.router(ids, w, probs.logits, k, renorm, self.dev.compute)   # softmax over E, top-k, renorm
         return ids, w
-
-    def renorm(self, w):
-        return w / w.sum(axis=1, keepdims=True)
 
     def experts(self, h, layer: int, ids, w):
         return self.moe(h, layer, ids, w)

@@ -1,7 +1,7 @@
 """The transformer pieces the four MoE architectures share, written against a backend's ops.
 
 A backend (`strata.reference.ops.RefOps`, the accel backends) supplies: embed, rms_norm, linear, add_bias, rope,
-attention, router_probs, topk, renorm, experts, ffn, sigmoid_gate and output. Model code never branches on the
+attention, router_probs, topk (renormalised on request), experts, ffn, sigmoid_gate and output. Model code never branches on the
 backend (STYLE point 6). Legend: T tokens, D hidden, H/Hkv heads, hd head size, E experts, K top-k.
 """
 
@@ -41,9 +41,8 @@ def routed_experts(ops, cfg: MoEConfig, h, layer: int):
     """Router -> routing -> experts -> weighted combine in k order (SPEC §1, §3). h is the normed input."""
     p = f"blk.{layer}."
     probs = ops.router_probs(h, p + "ffn_gate_inp.weight")                # [T, E] softmax over all E
-    ids, w = ops.topk(probs, cfg.n_expert_used)                           # [T, K] ids, [T, K] weights
-    if cfg.renormalise:
-        w = ops.renorm(w)                                                 # [T, K] w / sum_k w
+    # [T, K] ids, [T, K] weights (renormalised: w / sum_k w, the sum in k order; one kernel with the top-k on the GPU)
+    ids, w = ops.topk(probs, cfg.n_expert_used, cfg.renormalise)
     return ops.experts(h, layer, ids, w)                                  # [T, D] sum_k w[t,k]·expert(h[t])
 
 

@@ -72,9 +72,10 @@ class RefOps:
     def router_probs(self, h: np.ndarray, name: str) -> np.ndarray:
         return linalg.softmax64(self.linear(h, name)).astype(np.float32)   # [T, E]
 
-    def topk(self, probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def topk(self, probs: np.ndarray, k: int, renorm: bool = False) -> tuple[np.ndarray, np.ndarray]:
         ids = np.argsort(-probs, axis=1, kind="stable")[:, :k].astype(np.int32)   # ties -> lower id
-        return ids, np.take_along_axis(probs, ids, axis=1)
+        w = np.take_along_axis(probs, ids, axis=1)
+        return ids, self.renorm(w) if renorm else w
 
     def renorm(self, w: np.ndarray) -> np.ndarray:
         s = np.zeros(w.shape[0], np.float32)

@@ -175,8 +175,9 @@ class CpuOps(RefOps):
         return glue.rope_rows(np.ascontiguousarray(x, np.float32), self.cos, self.sin,
                               np.ascontiguousarray(pos, np.int64), cfg.n_rot, cfg.rope_neox)
 
-    def topk(self, probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return glue.topk_rows(np.ascontiguousarray(probs, np.float32), k)
+    def topk(self, probs: np.ndarray, k: int, renorm: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        ids, w = glue.topk_rows(np.ascontiguousarray(probs, np.float32), k)
+        return ids, self.renorm(w) if renorm else w
 
     def renorm(self, w: np.ndarray) -> np.ndarray:
         return glue.renorm_rows(np.ascontiguousarray(w, np.float32))

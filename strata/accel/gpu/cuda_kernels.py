@@ -384,11 +384,8 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         T, E = logits.shape
         assert logits.flags.c_contiguous and ids.flags.c_contiguous and w.flags.c_contiguous
         if T:
-            self.fn["router_topk"]((T,), (256,), (ids, w, logits, np.int32(E), np.int32(k)), stream=stream.s,
-                                   shared_mem=E * 4)
-        if renorm:
-            with stream.s:
-                w /= w.sum(axis=1, keepdims=True)
+            self.fn["router_topk"]((T,), (256,), (ids, w, logits, np.int32(E), np.int32(k), np.int32(renorm)),
+                                   stream=stream.s, shared_mem=E * 4)
 
     def sigmoid_gate(self, out, s, g, stream):
         T, D = out.shape

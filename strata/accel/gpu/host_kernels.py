@@ -166,8 +166,11 @@ class HostKernels(Kernels):
             p = (p / p.sum(1, keepdims=True)).astype(F32)
             top = np.argsort(-p, axis=1, kind="stable")[:, :k]
             wt = np.take_along_axis(p, top, 1)
-            if renorm:
-                wt = wt / wt.sum(1, keepdims=True)
+            if renorm:                 # the sum in k order from +0.0 (RefOps.renorm), as the CUDA kernel's
+                s = np.zeros(wt.shape[0], F32)
+                for j in range(k):
+                    s += wt[:, j]
+                wt = wt / s[:, None]
             ids[...] = top
             w[...] = wt
 

@@ -162,7 +162,7 @@ class Kernels(abc.ABC):
     @abc.abstractmethod
     def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:
         """ids i32 [T, k], w f32 [T, k] <- softmax over logits f32 [T, E], top-k (ties: lower id), optional
-        renormalisation over the k."""
+        renormalisation over the k (w / Σ_k w, the f32 sum in k order from +0.0: RefOps.renorm's arithmetic)."""
 
     @abc.abstractmethod
     def sigmoid_gate(self, out, s, g, stream) -> None:

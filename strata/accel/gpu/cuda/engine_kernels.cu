@@ -168,7 +168,7 @@ extern "C" __global__ void kv_store(half_t* kc, half_t* vc, const float* k, cons
 }
 
 // one block per token: softmax over E logits, then k rounds of argmax (ties -> the lower id)
-extern "C" __global__ void router_topk(int* ids, float* w, const float* logits, int E, int K) {
+extern "C" __global__ void router_topk(int* ids, float* w, const float* logits, int E, int K, int renorm) {
     extern __shared__ float p[];
     __shared__ float sh[33];
     __shared__ int besti[32];
@@ -210,6 +210,14 @@ extern "C" __global__ void router_topk(int* ids, float* w, const float* logits, 
             p[bi] = -2.f;
         }
         __syncthreads();
+    }
+    // renormalised over the k: the sum in k order from +0.0 and IEEE division, RefOps.renorm's arithmetic (a kernel
+    // here, not two CuPy ops after it: a decode token's graph ran those two small kernels in every layer)
+    if (renorm && threadIdx.x == 0) {
+        float* wt = w + (long long)blockIdx.x * K;
+        float s = 0.f;
+        for (int k = 0; k < K; k++) s += wt[k];
+        for (int k = 0; k < K; k++) wt[k] = wt[k] / s;
     }
 }
 
