@@ -79,6 +79,28 @@ def test_one_gemv_for_q_k_v_gives_the_bits_of_three(kind, graph, name):
 
 
 @pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("name", ["strata-tiny", "tiny-mixtral"])
+def test_swiglu_in_the_down_gemv_keeps_the_graphs_bits(kind, name):
+    """The graph's down GEMV computes SwiGLU while staging its rows (DecodeGraph.fuse_glu): the logits of a
+    half-cached engine keep their bits against the swiglu launch it replaces."""
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(name))
+    outs = []
+    for fuse in (False, True):
+        dev = make_device(kind)
+        try:
+            e = GpuEngine(m, dev, n_ctx=64, expert_cache=m.cfg.n_layer * m.cfg.n_expert // 2)
+            e.prefill(list(range(30, 50)))
+            e.decode([59])
+            e.dgraph.fuse_glu, e.dgraph.graph = fuse, None
+            outs.append(np.concatenate([e.decode([t]) for t in range(60, 66)]))
+        finally:
+            dev.close()
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", _devices())
 def test_the_device_residency_table_follows_the_cache(kind):
     """A residency change between tokens (an adaptive-tier move: evict one expert, load another into its slot)
     reaches the device's table before the next launch; the bits stay those of an engine that holds every expert

@@ -71,6 +71,7 @@ class DecodeGraph:
         self.graph = None
         self.logits = None               # the captured step's output [1, V] (device)
         self.done = dev.event()
+        self.fuse_glu = True             # the down GEMV computes SwiGLU as it stages its rows; off: a swiglu launch
 
     def launch(self, token: int, pos: int) -> None:
         """Enqueue one token's step (returns at once; `wait` collects it)."""
@@ -117,10 +118,13 @@ class DecodeGraph:
         else:
             k.moe_gemv(gu[:, :F], h, K, pid, src, 0, tg, F, D, s)
             k.moe_gemv(gu[:, F:], h, K, pid, src, up, tu, F, D, s)
-        hh = dev.empty((K, F), np.float16)                                            # [P, F]
-        k.swiglu(hh, gu, F, s)
         dm = dev.empty((K, D), np.float32)                                            # [P, D]
-        k.moe_gemv(dm, hh, 1, pid, src, down, td, D, F, s)
+        if self.fuse_glu:                     # silu(G)·U rounded to fp16 as the down GEMV stages its input rows
+            k.moe_gemv(dm, gu, 1, pid, src, down, td, D, F, s, glu=True)
+        else:
+            hh = dev.empty((K, F), np.float16)                                        # [P, F]
+            k.swiglu(hh, gu, F, s)
+            k.moe_gemv(dm, hh, 1, pid, src, down, td, D, F, s)
         out = dev.empty((1, D), np.float32)
         k.combine(out, dm, self.pair, w, s)                                           # Σ_k w·Dm[k], k order
         return out

@@ -47,11 +47,12 @@ class CudaDecodeKernels:
             fn = self._dfn[name] = self._dmod.get_function(name)
         return fn
 
-    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream):
+    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream, glu=False):
         cls = dq._check_type(qtype)
         P = ids.size
         assert out.dtype == np.float32 and out.strides[1] == 4 and out.shape[0] >= P and out.shape[1] >= n
-        assert x.strides[1] == x.itemsize and x.shape[1] == k and x.dtype in (np.float32, np.float16)
+        assert x.strides[1] == x.itemsize and x.shape[1] == (2 if glu else 1) * k
+        assert x.dtype == np.float32 if glu else x.dtype in (np.float32, np.float16)
         assert ids.dtype == np.int32 and ids.flags.c_contiguous and src.slot_of.dtype == np.int32
         assert k % cls.block_size == 0, f"rows of {k} weights are not whole {cls.name} blocks"
         smem = (k + k // 32) * 4 + MG_WARPS * MG_STAGE                  # x padded (XS) | the warps' stages
@@ -64,7 +65,7 @@ class CudaDecodeKernels:
             (out, np.int32(out.strides[0] // 4), x if f32 else nul, nul if f32 else x,
              np.int32(x.strides[0] // x.itemsize), np.int32(x_div), ids, src.slot_of, src.cache,
              np.int64(src.cache.strides[0]), np.uint64(src.arena.ctypes.data), np.int64(src.arena.strides[0]),
-             np.int64(off), np.int32(n), np.int32(k // cls.block_size)),
+             np.int64(off), np.int32(n), np.int32(k // cls.block_size), np.int32(glu)),
             stream=stream.s, shared_mem=smem)
 
     def kv_store_at(self, kc, vc, k, v, pos, stream):

@@ -89,16 +89,17 @@ class HostKernels(Kernels):
         self._run(stream, run)
 
     # --- the decode graph --------------------------------------------------------------------------------------
-    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream):
+    def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream, glu=False):
         q = quants.get(qtype)
         nbytes = n * q.row_bytes(k)
 
         def run():                       # residency is read when the work runs, as the kernel reads slot_of
+            xr = (_silu(x[:, :k]) * x[:, k:2 * k]).astype(F16) if glu else x               # swiglu's rows
             for p, e in enumerate(ids.reshape(-1)):
                 s = src.slot_of[e]
                 blob = src.cache[s] if s >= 0 else src.arena[e]
                 w = q.dequantize(blob[off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
-                out[p, :n] = w.astype(F32) @ x[p // x_div].astype(F16).astype(F32)
+                out[p, :n] = w.astype(F32) @ xr[p // x_div].astype(F16).astype(F32)
 
         self._run(stream, run)
 

@@ -107,10 +107,11 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def moe_gemv(self, out, x, x_div: int, ids, src: ExpertSource, off: int, qtype: int, n: int, k: int,
-                 stream) -> None:
+                 stream, glu: bool = False) -> None:
         """out f32 [P, >= n] (row stride may exceed n): out[p, :n] = W_e · x[p // x_div] for e = ids[p], W_e the
         n x k matrix of type `qtype` at byte `off` of e's blob (see ExpertSource); x f32 or f16 [rows, k],
-        rounded to fp16, fp32 sums. ids i32 [P] on the device. The same arithmetic for a cached and an arena blob."""
+        rounded to fp16, fp32 sums. ids i32 [P] on the device. The same arithmetic for a cached and an arena blob.
+        glu: x is gate|up f32 [rows, 2k] and the row used is `swiglu`'s fp16 silu(g)·u of it (the same bits)."""
 
     @abc.abstractmethod
     def kv_store_at(self, kc, vc, k, v, pos, stream) -> None:

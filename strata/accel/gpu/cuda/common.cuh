@@ -16,6 +16,10 @@ __device__ __forceinline__ half_t f2h(float f) {
     return h;
 }
 
+// SwiGLU's fp16 intermediate of one column, silu(g) · u: the `swiglu` kernel's and the decode graph's down GEMV's
+// (which computes it while staging its input row) one expression, so both give the same bits
+__device__ __forceinline__ half_t swiglu_h(float g, float u) { return f2h(g / (1.f + __expf(-g)) * u); }
+
 // the sum of v over the block (blockDim.x a multiple of 32, sh >= 33 floats), returned to every thread
 __device__ __forceinline__ float block_sum(float v, float* sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -21,7 +21,7 @@ template <class Q>
 __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, const half_t* xh, int ldx, int x_div,
                                          const int* ids, const int* slot_of, const uint8_t* cache,
                                          long long slot_bytes, const uint8_t* arena, long long blob_bytes,
-                                         long long off, int N, int RB) {
+                                         long long off, int N, int RB, int glu) {
     extern __shared__ __align__(16) unsigned char sm[];
     constexpr int PPB = Q::QK / Q::PART;  // parts per block
     constexpr int BPS = 32 / PPB;         // blocks per warp step
@@ -30,7 +30,9 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
     const int p = blockIdx.y, e = ids[p], s = slot_of[e];
     const uint8_t* W = (s >= 0 ? cache + (long long)s * slot_bytes : arena + (long long)e * blob_bytes) + off;
     const long long xr = (long long)(p / x_div) * ldx;
-    for (int i = threadIdx.x; i < Kd; i += blockDim.x) xs[XS(i)] = x ? h2f(f2h(x[xr + i])) : h2f(xh[xr + i]);
+    // glu: x is gate|up f32 [.., 2·Kd] and the row is SwiGLU's fp16 intermediate (a swiglu launch a layer saved)
+    for (int i = threadIdx.x; i < Kd; i += blockDim.x)
+        xs[XS(i)] = x ? h2f(glu ? swiglu_h(x[xr + i], x[xr + Kd + i]) : f2h(x[xr + i])) : h2f(xh[xr + i]);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t* st = sm + (long long)XS(Kd) * 4 + warp * MG_STAGE;
@@ -56,9 +58,9 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
     extern "C" __global__ void moe_gemv_##nm(float* out, int ldo, const float* x, const half_t* xh, int ldx,    \
                                              int x_div, const int* ids, const int* slot_of,                      \
                                              const uint8_t* cache, long long slot_bytes, const uint8_t* arena,   \
-                                             long long blob_bytes, long long off, int N, int RB) {               \
+                                             long long blob_bytes, long long off, int N, int RB, int glu) {      \
         moe_gemv<nm##_t>(out, ldo, x, xh, ldx, x_div, ids, slot_of, cache, slot_bytes, arena, blob_bytes, off,  \
-                         N, RB);                                                                                 \
+                         N, RB, glu);                                                                            \
     }
 
 STRATA_MOE_GEMV(f32)

@@ -110,7 +110,7 @@ extern "C" __global__ void swiglu(half_t* out, const float* gu, int R, int F, in
     const int r = blockIdx.x;
     for (int f = threadIdx.x; f < F; f += blockDim.x) {
         const float g = gu[(long long)r * ldg + f], u = gu[(long long)r * ldg + F + f];
-        out[(long long)r * F + f] = f2h(g / (1.f + __expf(-g)) * u);
+        out[(long long)r * F + f] = swiglu_h(g, u);
     }
 }
 
