@@ -53,29 +53,50 @@ def test_graph_matches_the_per_layer_path(kind, name):
 def test_one_gemv_for_q_k_v_gives_the_bits_of_three(kind, graph, name):
     """A token's q|k|v come from one GEMV over the layer's concatenated matrix (DenseWeights.qkv): each row is the
     same dot product as in its own GEMV, so the logits keep their bits; and the fused GEMV did run."""
+    c = models.load(golden.model_path(name)).cfg
+    outs, calls = _fused_or_not(kind, graph, name, "fuse_qkv", "linear", lambda w, *a: w.shape[0])
+    assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
+    n_qkv = c.n_q + 2 * c.n_kv
+    assert calls[0].count(n_qkv) == 0 and calls[1].count(n_qkv) >= c.n_layer   # per token, or once (the capture)
+
+
+@pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("name", ["strata-tiny", "tiny-qwen3moe"])
+def test_qk_norm_and_rope_in_one_kernel_keep_the_bits(kind, graph, name):
+    """qwen3's per-head q/k RMSNorm and RoPE in one launch (Kernels.norm_rope) against rms_norm and rope twice
+    each: the prompt's and the decode steps' logits keep their bits."""
+    c = models.load(golden.model_path(name)).cfg
+    outs, calls = _fused_or_not(kind, graph, name, "fuse_norm_rope", "norm_rope", lambda *a: 1)
+    for a, b in zip(outs[0], outs[1]):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert len(calls[0]) == 0 and len(calls[1]) >= c.n_layer
+
+
+def _fused_or_not(kind, graph, name, flag, kernel, what):
+    """(prompt logits, decode logits) and the `kernel` calls seen (what(its args) each) with DeviceOps.`flag` off,
+    then on."""
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path(name))
-    c = m.cfg
-    n_qkv = c.n_q + 2 * c.n_kv
-    outs, fused = [], []
+    outs, seen = [], []
     for fuse in (False, True):
         dev = make_device(kind)
         try:
             e = GpuEngine(m, dev, n_ctx=64, config=policy.Config(decode_graph=graph))
-            e.prefill(list(range(30, 50)))
-            e.ops.fuse_qkv = fuse
-            if e.dgraph is not None:
-                e.dgraph.ops.fuse_qkv, e.dgraph.graph = fuse, None
+            setattr(e.ops, flag, fuse)
             calls = []
-            lin = dev.k.linear
-            dev.k.linear = lambda out, x, w, *a, **kw: (calls.append(w.shape[0]), lin(out, x, w, *a, **kw))[1]
-            outs.append(np.concatenate([e.decode([t]) for t in range(60, 66)]))
-            fused.append(calls.count(n_qkv))
+            fn = getattr(dev.k, kernel)
+            setattr(dev.k, kernel, lambda out, x, *a, **kw: (calls.append(what(*a)), fn(out, x, *a, **kw))[1])
+            first = e.prefill(list(range(30, 50)), all_logits=True)
+            if e.dgraph is not None:
+                setattr(e.dgraph.ops, flag, fuse)
+                e.dgraph.graph = None
+            outs.append((first, np.concatenate([e.decode([t]) for t in range(60, 66)])))
+            seen.append(calls)
         finally:
             dev.close()
-    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
-    assert fused[0] == 0 and fused[1] >= c.n_layer          # per token (per layer path) or once (the capture)
+    return outs, seen
 
 
 @pytest.mark.parametrize("kind", _devices())

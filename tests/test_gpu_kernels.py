@@ -192,3 +192,28 @@ def test_linear(devs, T, K):
         c.k.linear(oc[:, :40], c.asarray(x), c.asarray(w), c.compute)
         close(c.tohost(oc)[:, :40], oh[:, :40], 2e-3)
         assert not c.tohost(oc)[:, 40:].any(), "writes past the column slice"
+
+
+@pytest.mark.parametrize("T,H,Hkv,hd,n_rot,neox", [(1, 32, 4, 128, 128, True), (3, 8, 2, 64, 32, False),
+                                                  (5, 4, 4, 256, 256, True)])
+def test_norm_rope_gives_rms_norm_then_rope_bits(devs, T, H, Hkv, hd, n_rot, neox):
+    """norm_rope (one launch) against rms_norm then rope on each of q and k: the same bits, on CUDA."""
+    c, _ = devs
+    rng = np.random.default_rng(hd + T)
+    q, k = (rng.standard_normal((T, n, hd)).astype(np.float32) * 3 for n in (H, Hkv))
+    wq, wk = (rng.standard_normal(hd).astype(np.float32) for _ in range(2))
+    cos, sin = (rng.standard_normal((64, n_rot // 2)).astype(np.float32) for _ in range(2))
+    pos = np.arange(7, 7 + T, dtype=np.int32)
+    d = {n: c.asarray(a) for n, a in dict(q=q, k=k, wq=wq, wk=wk, cos=cos, sin=sin, pos=pos).items()}
+    two = [c.zeros(q.shape, np.float32), c.zeros(k.shape, np.float32)]
+    for o, x, w in zip(two, (d["q"], d["k"]), (d["wq"], d["wk"])):
+        c.k.rms_norm(o, x, w, 1e-6, c.compute)
+        c.k.rope(o, d["cos"], d["sin"], d["pos"], n_rot, neox, c.compute)
+    one = [c.zeros(q.shape, np.float32), c.zeros(k.shape, np.float32)]
+    c.k.norm_rope(one[0], one[1], d["q"], d["k"], d["wq"], d["wk"], 1e-6, d["cos"], d["sin"], d["pos"], n_rot, neox,
+                  c.compute)
+    c.synchronize()
+    for a, b in zip(two, one):
+        a, b = c.tohost(a), c.tohost(b)
+        assert np.abs(a).max() > 0
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"max |diff| {np.abs(a - b).max():.3g}"

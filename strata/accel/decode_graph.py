@@ -33,7 +33,7 @@ class GraphOps(DeviceOps):
             base.kv
         self.cos, self.sin, self.moe = base.cos, base.sin, graph.moe
         self.pos_dev, self.graph, self.layer = graph.pos_dev, graph, 0
-        self.fuse_qkv, self._stash = base.fuse_qkv, {}
+        self.fuse_qkv, self.fuse_norm_rope, self._stash = base.fuse_qkv, base.fuse_norm_rope, {}
 
     def attention(self, layer: int, q, k, v, pos):
         kc, vc = self.kv[layer]

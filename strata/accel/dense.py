@@ -124,6 +124,7 @@ class DeviceOps:
         self.embd_done = dev.event()
         self.bufs, self.pos0, self.T = None, 0, 0
         self.fuse_qkv = True         # one token's q|k|v in one GEMV (DenseWeights.qkv); off: three, the same bits
+        self.fuse_norm_rope = True   # qk_norm_rope in one kernel; off: rms_norm and rope twice each, the same bits
         self._stash: dict = {}       # name -> (its input x, its output): k and v of the fused GEMV, for their calls
         self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
         # one query's attention scratch (attn_decode: scores and key parts), for the decode graph and one-token steps
@@ -182,6 +183,14 @@ class DeviceOps:
     def rope(self, x, pos, cfg):
         self.k.rope(x, self.cos, self.sin, self.pos_dev, cfg.n_rot, cfg.rope_neox, self.dev.compute)
         return x
+
+    def qk_norm_rope(self, q, k, qn: str, kn: str, eps: float, pos, cfg):
+        if not self.fuse_norm_rope:
+            return self.rope(self.rms_norm(q, qn, eps), pos, cfg), self.rope(self.rms_norm(k, kn, eps), pos, cfg)
+        qo, ko = self.dev.empty(q.shape, np.float32), self.dev.empty(k.shape, np.float32)
+        self.k.norm_rope(qo, ko, q, k, self.wt[qn], self.wt[kn], eps, self.cos, self.sin, self.pos_dev, cfg.n_rot,
+                         cfg.rope_neox, self.dev.compute)
+        return qo, ko
 
     def attention(self, layer: int, q, k, v, pos):
         kc, vc = self.kv[layer]

@@ -1,7 +1,8 @@
 """The transformer pieces the four MoE architectures share, written against a backend's ops.
 
 A backend (`strata.reference.ops.RefOps`, the accel backends) supplies: embed, rms_norm, linear, add_bias, rope,
-attention, router_probs, topk (renormalised on request), experts, ffn, sigmoid_gate and output. Model code never branches on the
+attention, router_probs, topk (renormalised on request), experts, ffn, sigmoid_gate and output, and qk_norm_rope
+(per-head RMSNorm of q and k, then RoPE: rms_norm and rope, composed where a backend does not fuse them). Model code never branches on the
 backend (STYLE point 6). Legend: T tokens, D hidden, H/Hkv heads, hd head size, E experts, K top-k.
 """
 
@@ -28,11 +29,11 @@ def attention(ops, cfg: MoEConfig, x, layer: int, pos, qk_norm: QKNorm):
     q = q.reshape(T, cfg.n_head, cfg.head_dim)                            # [T, H, hd]
     k = k.reshape(T, cfg.n_head_kv, cfg.head_dim)                         # [T, Hkv, hd]
     v = v.reshape(T, cfg.n_head_kv, cfg.head_dim)                         # [T, Hkv, hd]
-    if qk_norm is QKNorm.PER_HEAD:  # qwen3moe: per head, after the split
-        q = ops.rms_norm(q, p + "attn_q_norm.weight", cfg.rms_eps)
-        k = ops.rms_norm(k, p + "attn_k_norm.weight", cfg.rms_eps)
-    q = ops.rope(q, pos, cfg)                                             # [T, H, hd]
-    k = ops.rope(k, pos, cfg)                                             # [T, Hkv, hd]
+    if qk_norm is QKNorm.PER_HEAD:  # qwen3moe: per head, after the split, then RoPE (one kernel on the GPU)
+        q, k = ops.qk_norm_rope(q, k, p + "attn_q_norm.weight", p + "attn_k_norm.weight", cfg.rms_eps, pos, cfg)
+    else:
+        q = ops.rope(q, pos, cfg)                                         # [T, H, hd]
+        k = ops.rope(k, pos, cfg)                                         # [T, Hkv, hd]
     o = ops.attention(layer, q, k, v, pos)                                # [T, H*hd]
     return ops.linear(o, p + "attn_output.weight")                        # [T, D]
 

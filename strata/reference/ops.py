@@ -55,6 +55,10 @@ class RefOps:
     def rope(self, x: np.ndarray, pos: np.ndarray, cfg: MoEConfig) -> np.ndarray:
         return linalg.rope(x, self.cos[pos], self.sin[pos], cfg.n_rot, cfg.rope_neox)
 
+    def qk_norm_rope(self, q, k, qn: str, kn: str, eps: float, pos, cfg: MoEConfig):
+        """q [T, H, hd], k [T, Hkv, hd]: each head RMSNormed by qn / kn, then RoPE'd."""
+        return self.rope(self.rms_norm(q, qn, eps), pos, cfg), self.rope(self.rms_norm(k, kn, eps), pos, cfg)
+
     def attention(self, layer: int, q, k, v, pos: np.ndarray) -> np.ndarray:
         end = int(pos[-1]) + 1
         self.kv.k[layer][pos] = k

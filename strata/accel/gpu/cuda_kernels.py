@@ -77,7 +77,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
-            "kv_store", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
+            "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
             "pull_bytes", "sigmoid_gate")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
@@ -311,6 +311,16 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.fn["rope"]((min(4096, -(-n // 256)),), (256,), (x, cos, sin, pos, np.int32(T), np.int32(H),
                                                             np.int32(hd), np.int32(n_rot), np.int32(bool(neox))),
                         stream=stream.s)
+
+    def norm_rope(self, qo, ko, q, k, wq, wk, eps, cos, sin, pos, n_rot, neox, stream):
+        T, H, hd = q.shape
+        Hkv = k.shape[1]
+        assert all(a.flags.c_contiguous and a.dtype == np.float32 for a in (qo, ko, q, k, wq, wk))
+        assert qo.shape == q.shape and ko.shape == k.shape and k.shape[0] == T and wq.size == wk.size == hd
+        # 256 threads a block, as rms_norm's: its block_sum, so the same sum of squares
+        self.fn["norm_rope"]((T * (H + Hkv),), (256,), (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos,
+                                                      np.int32(H), np.int32(Hkv), np.int32(hd), np.int32(n_rot),
+                                                      np.int32(bool(neox))), stream=stream.s, shared_mem=hd * 4)
 
     def kv_store(self, kc, vc, k, v, pos0, stream):
         n = k.size

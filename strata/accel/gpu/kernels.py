@@ -149,6 +149,14 @@ class Kernels(abc.ABC):
     def rope(self, x, cos, sin, pos, n_rot: int, neox: bool, stream) -> None:
         """In place on x f32 [T, H, hd]; cos/sin f32 [P, n_rot/2]; pos i32 [T]."""
 
+    def norm_rope(self, qo, ko, q, k, wq, wk, eps: float, cos, sin, pos, n_rot: int, neox: bool, stream) -> None:
+        """qo/ko f32 [T, H/Hkv, hd] <- each head of q/k RMSNormed (wq/wk f32 [hd]), then RoPE'd: `rms_norm` then
+        `rope`, their arithmetic (CUDA: one launch)."""
+        self.rms_norm(qo, q, wq, eps, stream)
+        self.rms_norm(ko, k, wk, eps, stream)
+        self.rope(qo, cos, sin, pos, n_rot, neox, stream)
+        self.rope(ko, cos, sin, pos, n_rot, neox, stream)
+
     @abc.abstractmethod
     def kv_store(self, kc, vc, k, v, pos0: int, stream) -> None:
         """kc/vc f16 [S, Hkv, hd] rows pos0.. <- k/v f32 [T, Hkv, hd]."""

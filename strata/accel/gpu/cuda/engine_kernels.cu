@@ -144,6 +144,14 @@ extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[(long long)blockIdx.x * n + i] = xr[i] * r * w[i];
 }
 
+// one rotated pair in place: rope's and norm_rope's one expression
+__device__ __forceinline__ void rope_pair(float* v, int i, int half, int neox, float c, float s) {
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float va = v[a], vb = v[b];
+    v[a] = va * c - vb * s;
+    v[b] = va * s + vb * c;
+}
+
 // in place on x [T, H, hd]; cos/sin [P, n_rot/2]; NeoX pairs (i, i + n_rot/2), normal pairs (2i, 2i + 1)
 extern "C" __global__ void rope(float* x, const float* cs, const float* sn, const int* pos, int T, int H, int hd,
                                 int n_rot, int neox) {
@@ -151,13 +159,35 @@ extern "C" __global__ void rope(float* x, const float* cs, const float* sn, cons
     const long long n = (long long)T * H * half;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += (long long)gridDim.x * blockDim.x) {
         const int i = idx % half, th = idx / half, t = th / H;
-        float* v = x + (long long)th * hd;
-        const float c = cs[(long long)pos[t] * half + i], s = sn[(long long)pos[t] * half + i];
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float va = v[a], vb = v[b];
-        v[a] = va * c - vb * s;
-        v[b] = va * s + vb * c;
+        rope_pair(x + (long long)th * hd, i, half, neox, cs[(long long)pos[t] * half + i], sn[(long long)pos[t] * half + i]);
     }
+}
+
+// qwen3's per-head q/k RMSNorm then RoPE in one launch (four before: a decode token ran them as its layer's
+// smallest kernels): block (t, j) takes head j of token t, j < H of q, else of k. The norm is rms_norm's code at
+// its 256 threads (the same block_sum), the rotation rope_pair on the normed head in shared memory
+extern "C" __global__ void norm_rope(float* qo, float* ko, const float* q, const float* k, const float* wq,
+                                     const float* wk, float eps, const float* cs, const float* sn, const int* pos,
+                                     int H, int Hkv, int hd, int n_rot, int neox) {
+    extern __shared__ float v[];  // [hd]
+    __shared__ float sh[33];
+    const int t = blockIdx.x / (H + Hkv), j = blockIdx.x % (H + Hkv);
+    const bool isq = j < H;
+    const long long off = (isq ? (long long)t * H + j : (long long)t * Hkv + (j - H)) * hd;
+    const float* xr = (isq ? q : k) + off;
+    const float* w = isq ? wq : wk;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) s += xr[i] * xr[i];
+    s = block_sum(s, sh);
+    const float r = rsqrtf(s / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = xr[i] * r * w[i];
+    __syncthreads();
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_pair(v, i, half, neox, cs[(long long)pos[t] * half + i], sn[(long long)pos[t] * half + i]);
+    __syncthreads();
+    float* out = (isq ? qo : ko) + off;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) out[i] = v[i];
 }
 
 extern "C" __global__ void kv_store(half_t* kc, half_t* vc, const float* k, const float* v, long long off, long long n) {
