@@ -54,7 +54,7 @@ def test_one_gemv_for_q_k_v_gives_the_bits_of_three(kind, graph, name):
     """A token's q|k|v come from one GEMV over the layer's concatenated matrix (DenseWeights.qkv): each row is the
     same dot product as in its own GEMV, so the logits keep their bits; and the fused GEMV did run."""
     c = models.load(golden.model_path(name)).cfg
-    outs, calls = _fused_or_not(kind, graph, name, "fuse_qkv", "linear", lambda w, *a: w.shape[0])
+    outs, calls = _fused_or_not(kind, graph, name, "fuse_qkv", "linear", lambda out, x, w, *a: w.shape[0])
     assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
     n_qkv = c.n_q + 2 * c.n_kv
     assert calls[0].count(n_qkv) == 0 and calls[1].count(n_qkv) >= c.n_layer   # per token, or once (the capture)
@@ -74,8 +74,8 @@ def test_qk_norm_and_rope_in_one_kernel_keep_the_bits(kind, graph, name):
 
 
 def _fused_or_not(kind, graph, name, flag, kernel, what):
-    """(prompt logits, decode logits) and the `kernel` calls seen (what(its args) each) with DeviceOps.`flag` off,
-    then on."""
+    """(prompt logits, decode logits) and the `kernel` calls seen (what(*its arguments) each) with
+    DeviceOps.`flag` off, then on."""
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path(name))
@@ -87,7 +87,7 @@ def _fused_or_not(kind, graph, name, flag, kernel, what):
             setattr(e.ops, flag, fuse)
             calls = []
             fn = getattr(dev.k, kernel)
-            setattr(dev.k, kernel, lambda out, x, *a, **kw: (calls.append(what(*a)), fn(out, x, *a, **kw))[1])
+            setattr(dev.k, kernel, lambda *a, **kw: (calls.append(what(*a)), fn(*a, **kw))[1])
             first = e.prefill(list(range(30, 50)), all_logits=True)
             if e.dgraph is not None:
                 setattr(e.dgraph.ops, flag, fuse)

@@ -16,7 +16,7 @@ import numpy as np
 from strata.accel.arena import PROGRESS_BYTES
 from strata.accel.gpu.dequant import F32_EXACT
 from strata.mathfn import rope_table
-from strata.models import Model
+from strata.models import Model, common
 from strata.reference.linalg import weight_rows
 
 def _is_f32(name: str) -> bool:
@@ -186,7 +186,7 @@ class DeviceOps:
 
     def qk_norm_rope(self, q, k, qn: str, kn: str, eps: float, pos, cfg):
         if not self.fuse_norm_rope:
-            return self.rope(self.rms_norm(q, qn, eps), pos, cfg), self.rope(self.rms_norm(k, kn, eps), pos, cfg)
+            return common.norm_then_rope(self, q, k, qn, kn, eps, pos, cfg)
         qo, ko = self.dev.empty(q.shape, np.float32), self.dev.empty(k.shape, np.float32)
         self.k.norm_rope(qo, ko, q, k, self.wt[qn], self.wt[kn], eps, self.cos, self.sin, self.pos_dev, cfg.n_rot,
                          cfg.rope_neox, self.dev.compute)

@@ -38,6 +38,11 @@ def attention(ops, cfg: MoEConfig, x, layer: int, pos, qk_norm: QKNorm):
     return ops.linear(o, p + "attn_output.weight")                        # [T, D]
 
 
+def norm_then_rope(ops, q, k, qn: str, kn: str, eps: float, pos, cfg: MoEConfig):
+    """`ops.qk_norm_rope` from the backend's rms_norm and rope (a backend that does not fuse them)."""
+    return ops.rope(ops.rms_norm(q, qn, eps), pos, cfg), ops.rope(ops.rms_norm(k, kn, eps), pos, cfg)
+
+
 def routed_experts(ops, cfg: MoEConfig, h, layer: int):
     """Router -> routing -> experts -> weighted combine in k order (SPEC §1, §3). h is the normed input."""
     p = f"blk.{layer}."

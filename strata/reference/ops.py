@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from strata.mathfn import rope_table, sigmoid32
-from strata.models import Model
+from strata.models import Model, common
 from strata.models.base import MoEConfig
 from strata.reference import linalg
 from strata.reference.linalg import Path
@@ -57,7 +57,7 @@ class RefOps:
 
     def qk_norm_rope(self, q, k, qn: str, kn: str, eps: float, pos, cfg: MoEConfig):
         """q [T, H, hd], k [T, Hkv, hd]: each head RMSNormed by qn / kn, then RoPE'd."""
-        return self.rope(self.rms_norm(q, qn, eps), pos, cfg), self.rope(self.rms_norm(k, kn, eps), pos, cfg)
+        return common.norm_then_rope(self, q, k, qn, kn, eps, pos, cfg)
 
     def attention(self, layer: int, q, k, v, pos: np.ndarray) -> np.ndarray:
         end = int(pos[-1]) + 1
