@@ -54,7 +54,7 @@ F32_EXACT = frozenset(q for q in SUFFIX if SUFFIX[q] != "mxfp4")
 # CuPy appends -ftz=true to every NVRTC compile; fp16 results do not depend on it (dequant.cuh: the only
 # float32 subnormals, MXFP4 with e < 2, round to a signed zero in fp16 with or without flushing).
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
-_THREADS = 256  # per CUDA block
+_THREADS = 256  # per CUDA block (dequant_kernels.cu DQ_THREADS: a pass stages 256 parts)
 _MAX_GRID_X = 1 << 16  # the kernels loop (grid-stride) past this many CUDA blocks
 
 

@@ -10,8 +10,21 @@
 //       the same, the float32 values unrounded (a prompt's embedding rows: the reference's exact f32).
 // One thread per part (PART weights, 32 for block formats, 1 for F32/F16/BF16): consecutive threads write
 // consecutive 64-byte pieces of out, as 16-byte stores (out must be 16-byte aligned). Grid x is a
-// grid-stride loop.
+// grid-stride loop over spans of DQ_THREADS parts; a span's blocks are first copied into shared memory by the
+// CUDA block in 16-byte loads, and each thread dequantises its part from there. Read straight from global
+// memory, a part was ~30 dependent byte loads a thread, and the kernel ran at ~1.5 TB/s on the H200
+// (bench/results/h200/kq_*_stop30.log: 130 us for 16 qwen3 Q4_K experts, ~60% of a 56-row group's expert time).
 #include "dequant.cuh"
+
+#define DQ_THREADS 256   // threads a CUDA block (strata/accel/gpu/dequant.py _THREADS)
+
+// float32 -> fp16 bits as f32_to_f16_bits (nearest even; NaN -> 0x7E00) by the cvt instruction: the same bits
+// for every non-NaN value (cvt.rn is IEEE round-to-nearest-even, overflow to inf, f16 subnormals exact)
+__device__ __forceinline__ uint16_t f16_bits_rn(float f) {
+    unsigned short h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+    return f != f ? (uint16_t)0x7E00u : (uint16_t)h;
+}
 
 template <class Q>
 __device__ __forceinline__ void store_part(const float* v, uint16_t* o) {
@@ -19,15 +32,15 @@ __device__ __forceinline__ void store_part(const float* v, uint16_t* o) {
         STRATA_UNROLL
         for (int i = 0; i < Q::PART; i += 8) {
             uint4 w;
-            w.x = f32_to_f16_bits(v[i + 0]) | ((uint32_t)f32_to_f16_bits(v[i + 1]) << 16);
-            w.y = f32_to_f16_bits(v[i + 2]) | ((uint32_t)f32_to_f16_bits(v[i + 3]) << 16);
-            w.z = f32_to_f16_bits(v[i + 4]) | ((uint32_t)f32_to_f16_bits(v[i + 5]) << 16);
-            w.w = f32_to_f16_bits(v[i + 6]) | ((uint32_t)f32_to_f16_bits(v[i + 7]) << 16);
+            w.x = f16_bits_rn(v[i + 0]) | ((uint32_t)f16_bits_rn(v[i + 1]) << 16);
+            w.y = f16_bits_rn(v[i + 2]) | ((uint32_t)f16_bits_rn(v[i + 3]) << 16);
+            w.z = f16_bits_rn(v[i + 4]) | ((uint32_t)f16_bits_rn(v[i + 5]) << 16);
+            w.w = f16_bits_rn(v[i + 6]) | ((uint32_t)f16_bits_rn(v[i + 7]) << 16);
             *reinterpret_cast<uint4*>(o + i) = w;
         }
     } else {
         STRATA_UNROLL
-        for (int i = 0; i < Q::PART; ++i) o[i] = f32_to_f16_bits(v[i]);
+        for (int i = 0; i < Q::PART; ++i) o[i] = f16_bits_rn(v[i]);
     }
 }
 
@@ -38,17 +51,31 @@ __device__ __forceinline__ void store_part(const float* v, float* o) {
 }
 
 // blocks [n_blocks] of type Q at src -> out [n_blocks·QK] (fp16 bits or float32), threads (blockIdx.x, threadIdx.x)
+// of DQ_THREADS. A pass of the CUDA block takes BPS consecutive blocks (DQ_THREADS parts): their bytes, from the
+// 16-byte boundary at or below the first to the one at or above the end, go to `raw` (an aligned 16-byte load
+// never crosses a page, so reading the few bytes around the span is safe wherever src sits).
 template <class Q, class O>
 __device__ __forceinline__ void dequant_span(const uint8_t* src, long long n_blocks, O* out) {
     constexpr int PARTS = Q::QK / Q::PART;
-    const long long n_parts = n_blocks * PARTS;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n_parts; t += stride) {
-        const long long blk = t / PARTS;
-        const int p = (int)(t - blk * PARTS);
-        float v[Q::PART];
-        Q::dq_part(src + blk * Q::SIZE, p, v);
-        store_part<Q>(v, out + t * Q::PART);  // = blk·QK + p·PART
+    constexpr int BPS = DQ_THREADS / PARTS;                     // blocks a pass
+    constexpr int RAW16 = (BPS * Q::SIZE + 15) / 16 + 1;        // 16-byte words a pass reads at most
+    __shared__ uint4 raw[RAW16];
+    const int tid = threadIdx.x;
+    for (long long b0 = (long long)blockIdx.x * BPS; b0 < n_blocks; b0 += (long long)gridDim.x * BPS) {
+        const int nb = (int)(n_blocks - b0 < BPS ? n_blocks - b0 : BPS);
+        const uint8_t* s0 = src + b0 * Q::SIZE;
+        const uint4* a0 = reinterpret_cast<const uint4*>(reinterpret_cast<unsigned long long>(s0) & ~15ull);
+        const int head = (int)(s0 - reinterpret_cast<const uint8_t*>(a0));
+        const int n16 = (head + nb * Q::SIZE + 15) / 16;
+        for (int i = tid; i < n16; i += DQ_THREADS) raw[i] = a0[i];
+        __syncthreads();
+        const int blk = tid / PARTS, p = tid - blk * PARTS;
+        if (blk < nb) {
+            float v[Q::PART];
+            Q::dq_part(reinterpret_cast<const uint8_t*>(raw) + head + blk * Q::SIZE, p, v);
+            store_part<Q>(v, out + (b0 * PARTS + tid) * Q::PART);  // part t of the span = blk·QK + p·PART
+        }
+        __syncthreads();                                        // raw is rewritten by the next pass
     }
 }
 
