@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 KERNELS = ("dequant", "gemm_grouped", "expert_rows", "swiglu", "linear", "rms_norm", "rope", "kv_store", "attention",
-           "router", "gather_f16", "combine", "upload", "upload_many", "expert_tables", "embed_rows")
+           "router", "gather_f16", "combine", "upload", "upload_many", "expert_tables", "layer_tables", "embed_rows",
+           "linear_many", "add")
 DEVICE = ("h2d_rows", "d2h", "event", "empty")
 
 
@@ -67,7 +68,7 @@ def main():
         setattr(k, name, timed("k." + name, getattr(k, name)))
     for name in DEVICE:
         setattr(dev, name, timed("dev." + name, getattr(dev, name)))
-    for mod, name in ((E, "placement"), (E, "row_layout"), (E, "walk_runs"), (E, "head"), (M, "group_tiles")):
+    for mod, name in ((E, "placement"), (E, "row_layout"), (E, "walk_runs"), (E, "head")):
         setattr(mod, name, timed(name, getattr(mod, name)))
     for cls, names in ((M.ExpertRunner, ("resident_groups", "tables", "group")),
                        (E.Walk, ("prefetch", "ensure_issued", "acquire", "consume")), (E.Ring, ("release",))):

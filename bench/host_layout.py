@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _PackOnly:
-    """The CUDA kernels' expert_tables packing (whole-array numpy) with the upload left out."""
+    """The CUDA kernels' layer_tables packing (rows_host.pack_layer; expert_tables' whole-array numpy where there
+    are no row tables) with the upload left out."""
 
     staging = SimpleNamespace(dbase=1 << 40)
 
@@ -37,6 +38,11 @@ class _PackOnly:
         from strata.accel.gpu.cuda_kernels import CudaKernels
 
         return CudaKernels.expert_tables(self, sets, offs, tiles, stream, riders)
+
+    def layer_tables(self, *args):
+        from strata.accel.gpu.cuda_kernels import CudaKernels
+
+        return CudaKernels.layer_tables(self, *args)
 
 
 def pack_only_runner(group: int):
@@ -68,7 +74,7 @@ def window(ids, resident, runner, ring: int, group: int, blob: int, clock=time.p
     t.append(clock())
     plan = [(m, buf, np.arange(len(m))) for m in res_groups]
     plan += [([lay.streamed[k] for k in g], buf, np.asarray(g) % ring) for g in sgroups]
-    runner.tables(0, plan, lay)
+    runner.tables(0, plan, lay, riders=(lay.slot, lay.src))
     t.append(clock())
     names = ("counts", "placement", "row layout", "groups", "tables")
     return {n: (b - a) * 1e6 for n, a, b in zip(names, t, t[1:])} | {"window": (t[-1] - t[0]) * 1e6}

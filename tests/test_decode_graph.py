@@ -61,6 +61,17 @@ def test_one_gemv_for_q_k_v_gives_the_bits_of_three(kind, graph, name):
 
 
 @pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("name", golden.golden_models())
+def test_a_prompts_qkv_from_one_fp16_input_keep_the_bits(kind, name):
+    """A prompt's q, k and v come from one call (Kernels.linear_many: CUDA rounds the normed input to fp16 once
+    for the three GEMMs): the prompt's logits keep their bits, and each layer made that call once."""
+    c = models.load(golden.model_path(name)).cfg
+    outs, calls = _fused_or_not(kind, False, name, "fuse_qkv", "linear_many", lambda outs, x, ws, *a: len(ws))
+    assert np.array_equal(outs[0][0].view(np.uint32), outs[1][0].view(np.uint32))
+    assert calls[0] == [] and calls[1] == [3] * c.n_layer
+
+
+@pytest.mark.parametrize("kind", _devices())
 @pytest.mark.parametrize("graph", [True, False])
 @pytest.mark.parametrize("name", ["strata-tiny", "tiny-qwen3moe"])
 def test_qk_norm_and_rope_in_one_kernel_keep_the_bits(kind, graph, name):

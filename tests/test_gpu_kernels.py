@@ -99,6 +99,13 @@ def test_gather_swiglu_combine(devs):
         cu, ho = run_both(devs, "combine", make)
         close(cu, ho, 1e-6)
 
+    def add(asarray, rng):                   # a block's residual add: one IEEE f32 sum an element, the bits
+        return [np.zeros((37, 300), np.float32), rng.standard_normal((37, 300)).astype(np.float32),
+                (rng.standard_normal((37, 300)) * 1e-3).astype(np.float32)]
+
+    cu, ho = run_both(devs, "add", add)
+    assert np.array_equal(cu.view(np.uint32), ho.view(np.uint32)) and np.abs(cu).max() > 0
+
 
 def test_sigmoid_gate(devs):
     """One kernel, the bits of the CuPy expression it replaced (s · 1 / (1 + exp(-g)))."""

@@ -78,7 +78,7 @@ def test_the_host_layout_bench_runs_the_engines_window():
     runner = pack_only_runner(16)
     packed = []
     tables = runner.tables
-    runner.tables = lambda layer, plan, lay: packed.append((plan, lay)) or tables(layer, plan, lay)
+    runner.tables = lambda layer, plan, lay, **kw: packed.append((plan, lay)) or tables(layer, plan, lay, **kw)
     ticks = iter(range(100))
     w = window(ids, resident, runner, ring=64, group=16, blob=1000, clock=lambda: next(ticks) * 1e-6)
     assert list(w) == ["counts", "placement", "row layout", "groups", "tables", "window"]
@@ -101,6 +101,7 @@ def _loop_tiles(rows, bm, g):
 def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
     from types import SimpleNamespace
 
+    from strata.accel.gpu.kernels import Kernels
     from strata.accel.moe import GEMM_BM, ROWS_TILE, ExpertRunner
 
     ids, resident, cpu = r
@@ -112,9 +113,13 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
         got["sets"], got["tiles"] = [(b, np.asarray(i).tolist()) for b, i in sets], [np.asarray(t).tolist() for t in tiles]
         return [(n,) * 5 for n in range(len(sets))], list(riders)
 
+    class K:       # Kernels.layer_tables on a kernel set whose expert_tables records what it is given
+        layer_tables = Kernels.layer_tables
+
+    k = K()
+    k.expert_tables = expert_tables
     runner = ExpertRunner.__new__(ExpertRunner)
-    runner.k, runner.dev, runner.offsets, runner.few_rows = SimpleNamespace(expert_tables=expert_tables), \
-        SimpleNamespace(compute=None), [(0, 1, 2)], few_rows
+    runner.k, runner.dev, runner.offsets, runner.few_rows = k, SimpleNamespace(compute=None), [(0, 1, 2)], few_rows
     rng = np.random.default_rng(seed)
     gpu = lay.resident + lay.streamed                  # the CPU's experts are in no group
     groups, i = [], 0
@@ -137,6 +142,62 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
     assert got["sets"] == want_sets
     assert got["tiles"] == [[list(t) for t in w] for w in want_tiles]
     assert [t.n_many for t in tabs] == [sum(cnt[e] > few_rows for e in m) for m, _, _ in groups]
+
+
+@settings(max_examples=100, deadline=None)
+@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_the_compiled_packing_is_the_numpy_packing(r, few_rows, max_group, seed):
+    """CudaKernels.layer_tables (one compiled pass, rows_host.pack_layer) gives the bytes, the table addresses and
+    the riders of Kernels.layer_tables through CudaKernels.expert_tables (whole-array numpy), for any groups."""
+    from types import SimpleNamespace
+
+    from strata.accel.gpu.cuda_kernels import CudaKernels
+    from strata.accel.gpu.kernels import Kernels
+    from strata.accel.moe import GEMM_BM, ROWS_TILE
+
+    ids, resident, cpu = r
+    cnt = np.bincount(ids.ravel(), minlength=resident.size)
+    lay = row_layout(ids, cnt, placement(cnt, resident, cpu))
+    order_cnt = lay.cnt[lay.order].astype(np.int64)
+    rng = np.random.default_rng(seed)
+    bufs = [SimpleNamespace(data=SimpleNamespace(ptr=(1 << 32) + 4096 * i), strides=(1000 + 16 * i, 1))
+            for i in range(3)]
+    gpu = lay.resident + lay.streamed
+    groups, first, size, i = [], [], [], 0
+    while i < len(gpu):
+        n = int(rng.integers(1, max_group + 1))
+        members = gpu[i:i + n]
+        groups.append((bufs[int(rng.integers(0, 3))], rng.integers(0, 99, len(members))))
+        first.append(int(lay.rank[members[0]]))
+        size.append(len(members))
+        i += n
+    if not groups:                                     # every expert on the CPU: the engine packs no tables
+        return
+    pulled = []
+
+    class K:
+        staging = SimpleNamespace(dbase=1 << 40)
+        expert_tables = CudaKernels.expert_tables
+
+        def _pull(self, host, stream):
+            pulled.append(host.copy())
+            return 256 * len(pulled)
+
+    k, args = K(), (order_cnt, lay.starts, np.asarray(first, np.int64), np.asarray(size, np.int64))
+    offs = (0, 4000, 9000)
+    riders = (lay.slot.astype(np.int32), lay.src.astype(np.int32))
+    want = Kernels.layer_tables(k, groups, offs, *args, (few_rows, ROWS_TILE, GEMM_BM), None, riders)
+    got = CudaKernels.layer_tables(k, groups, offs, *args, (few_rows, ROWS_TILE, GEMM_BM), None, riders)
+    assert len(pulled) == 2 and pulled[0].size == pulled[1].size
+    n_ptr, n_tiles = sum(t[0][1] for t in want[0]), sum(t[-1] for t in want[0])
+    base = K.staging.dbase + 256
+    (s_at, s_n), (r_at, r_n) = [(a - base, n) for a, n in want[2]]
+    for lo, hi in ((0, len(offs) * n_ptr * 8 + n_tiles * 12), (s_at, s_at + 4 * s_n), (r_at, r_at + 4 * r_n)):
+        assert np.array_equal(pulled[0][lo:hi], pulled[1][lo:hi])      # the bytes between are padding
+    shift = 256                                          # the second pull lands 256 bytes further
+    moved = [tuple((a + shift, n) for a, n in t[:-1]) + (t[-1],) for t in want[0]]
+    assert got[0] == moved and got[1] == want[1]
+    assert [(a, n) for a, n in got[2]] == [(a + shift, n) for a, n in want[2]]
 
 
 def test_row_tables_ride_in_the_expert_tables_upload():

@@ -123,7 +123,8 @@ class DeviceOps:
         self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4))     # u8, rows or f32 [T, D]
         self.embd_done = dev.event()
         self.bufs, self.pos0, self.T = None, 0, 0
-        self.fuse_qkv = True         # one token's q|k|v in one GEMV (DenseWeights.qkv); off: three, the same bits
+        self.fuse_qkv = True         # one token's q|k|v in one GEMV, a prompt's from one fp16 x (DenseWeights.qkv);
+                                     # off: three linears, the same bits
         self.fuse_norm_rope = True   # qk_norm_rope in one kernel; off: rms_norm and rope twice each, the same bits
         self._stash: dict = {}       # name -> (its input x, its output): k and v of the fused GEMV, for their calls
         self.moe = None              # the engine's MoE block: moe(h, layer, ids, w) -> [T, D]
@@ -164,7 +165,13 @@ class DeviceOps:
         hit = self._stash.pop(name, None)
         if hit is not None and hit[0] is x:
             return hit[1]
-        fused = self.wt.qkv.get(name) if self.fuse_qkv and x.shape[0] == 1 else None
+        fused = self.wt.qkv.get(name) if self.fuse_qkv else None
+        if fused is not None and x.shape[0] > 1:     # a prompt's attn_q: q, k and v from one fp16 copy of x, k and
+            cat, parts = fused                       # v kept for their calls (two conversions a layer fewer)
+            outs = [self.dev.empty((x.shape[0], hi - lo), np.float32) for _, lo, hi in parts]
+            self.k.linear_many(outs, x, [cat[lo:hi] for _, lo, hi in parts], self.dev.compute)
+            self._stash = {n: (x, o) for (n, _, _), o in zip(parts[1:], outs[1:])}
+            return outs[0]
         if fused is not None:        # attn_q of one token: q, k and v in one GEMV, k and v kept for the next calls
             cat, parts = fused
             out = self.dev.empty((cat.shape[0],), np.float32)             # [Nq+Nk+Nv]: each row's own dot product,
@@ -175,6 +182,13 @@ class DeviceOps:
         w = self.wt[name]
         out = self.dev.empty((x.shape[0], w.shape[0]), np.float32)
         self.k.linear(out, x, w, self.dev.compute)
+        return out
+
+    def add(self, x, y):
+        if not (x.flags.c_contiguous and y.flags.c_contiguous and x.shape == y.shape):
+            return x + y
+        out = self.dev.empty(x.shape, np.float32)           # new: y may be a buffer its producer writes again
+        self.k.add(out, x, y, self.dev.compute)
         return out
 
     def add_bias(self, y, name: str):

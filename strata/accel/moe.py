@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.accel.rows_host import expert_major, group_tiles
+from strata.accel.rows_host import expert_major
 from strata.policy.stream import resident_runs
 
 GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
@@ -109,26 +109,17 @@ class ExpertRunner:
         blobs being rows idx of buf (cache slots or ring slots, known before the copies land); riders: other
         tables for the same upload (Kernels.expert_tables). A prompt layer has tens of groups, and this runs on
         the host between the routing sync and the launches: the tiles are one compiled pass
-        (rows_host.group_tiles). Returns (the GroupTables, the riders on the device)."""
+        (rows_host.group_tiles), and on CUDA the whole packing (rows_host.pack_layer). Returns (the
+        GroupTables, the riders on the device)."""
         n_g = len(groups)
         cnt = lay.cnt[lay.order].astype(np.int64)                  # rows of each expert, in row order
         first = lay.rank[[m[0] for m, _, _ in groups]]
         size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
         assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
             "a group must be a run of experts in row order"
-        # per group: its few-row tiles (g = member index), then its many-row tiles (g = index among those)
-        tl, cut, many, n_many = group_tiles(cnt, lay.starts, first, size, self.few_rows, ROWS_TILE, GEMM_BM)
-        idx_all = np.concatenate([np.asarray(i) for _, _, i in groups])
-        idx_many = idx_all[many]                                     # members concatenated, many-row ones
-        cut = cut.tolist()
-        n_many = n_many.tolist()
-        a = np.concatenate([[0], np.cumsum(size)]).tolist()
-        b = np.concatenate([[0], np.cumsum(n_many)]).astype(np.int64).tolist()
-        sets, tiles = [], []
-        for i, (_, buf, _) in enumerate(groups):
-            sets += [(buf, idx_all[a[i]:a[i + 1]]), (buf, idx_many[b[i]:b[i + 1]])]
-            tiles += [tl[cut[2 * i]:cut[2 * i + 1]], tl[cut[2 * i + 1]:cut[2 * i + 2]]]
-        tabs, dev_riders = self.k.expert_tables(sets, self.offsets[layer], tiles, self.dev.compute, riders)
+        tabs, n_many, dev_riders = self.k.layer_tables(
+            [(buf, idx) for _, buf, idx in groups], self.offsets[layer], cnt, lay.starts, first, size,
+            (self.few_rows, ROWS_TILE, GEMM_BM), self.dev.compute, riders)
         return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)], dev_riders
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):

@@ -89,3 +89,70 @@ def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm):
         base += size[g]
     cut[2 * G] = t
     return tiles, cut, many, n_many
+
+
+@njit(cache=True, nogil=True)
+def _up16(n):
+    return (n + 15) // 16 * 16
+
+
+@njit(cache=True, nogil=True)
+def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, gemm_bm, slot, src):
+    """A layer's launch-group tables in CudaKernels.expert_tables' byte layout, in one pass (the whole-array numpy
+    version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
+    cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
+    the groups' members concatenated; ptr0, stride [G] u64: each group buffer's address and row stride; offs [W]
+    u64: byte offsets into a blob; slot, src: the row tables (int32 riders).
+    Sets: 2g = group g's members (few-row tables), 2g + 1 its many-row members. -> (packed u8: [pointer tables
+    offset-major [W, n_ptr] u64 | tiles i32 [n_tiles, 3] | slot | src, each 16-byte aligned]; at [2G, W + 1] u64:
+    each set's W pointer tables' and its tiles' byte offsets in packed; lens [2G, 2]: its pointers and tiles;
+    n_many [G]; byte offsets of slot and src)."""
+    tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm)
+    G = first.shape[0]
+    W = offs.shape[0]
+    n_ptr = idx_all.shape[0] + many.shape[0]
+    addr = np.empty(n_ptr, np.uint64)
+    p_at = np.empty(2 * G, np.int64)
+    p_len = np.empty(2 * G, np.int64)
+    t_at = np.empty(2 * G, np.int64)
+    t_len = np.empty(2 * G, np.int64)
+    j = 0
+    a = 0
+    m = 0
+    for g in range(G):
+        p_at[2 * g] = j
+        for i in range(size[g]):
+            addr[j] = ptr0[g] + np.uint64(idx_all[a + i]) * stride[g]
+            j += 1
+        p_len[2 * g] = size[g]
+        p_at[2 * g + 1] = j
+        for i in range(n_many[g]):
+            addr[j] = ptr0[g] + np.uint64(idx_all[many[m]]) * stride[g]
+            j += 1
+            m += 1
+        p_len[2 * g + 1] = n_many[g]
+        a += size[g]
+        for h in range(2):
+            t_at[2 * g + h] = cut[2 * g + h]
+            t_len[2 * g + h] = cut[2 * g + h + 1] - cut[2 * g + h]
+    t0 = W * n_ptr * 8
+    t_end = t0 + tl.size * 4
+    s_at = _up16(t_end)
+    r_at = s_at + _up16(slot.size * 4)
+    packed = np.empty(r_at + _up16(src.size * 4), np.uint8)
+    ptrs = packed[:t0].view(np.uint64)
+    for w in range(W):
+        for i in range(n_ptr):
+            ptrs[w * n_ptr + i] = addr[i] + offs[w]
+    packed[t0:t_end].view(np.int32)[:] = tl.reshape(-1)
+    packed[s_at:s_at + slot.size * 4].view(np.int32)[:] = slot.reshape(-1)
+    packed[r_at:r_at + src.size * 4].view(np.int32)[:] = src.reshape(-1)
+    at = np.empty((2 * G, W + 1), np.uint64)
+    lens = np.empty((2 * G, 2), np.int64)
+    for q in range(2 * G):
+        for w in range(W):
+            at[q, w] = 8 * (w * n_ptr + p_at[q])
+        at[q, W] = t0 + 12 * t_at[q]
+        lens[q, 0] = p_len[q]
+        lens[q, 1] = t_len[q]
+    return packed, at, lens, n_many, s_at, r_at

@@ -29,7 +29,7 @@ def tensor_specs(cfg: MoEConfig) -> tuple[dict, dict]:
 
 def block(ops, cfg: MoEConfig, x, layer: int, pos):
     """x [T, D] -> [T, D]: x + attn(x), then + routed(norm(x)) + shared(norm(x))."""
-    x = x + common.attention(ops, cfg, x, layer, pos, QKNorm.NONE)
+    x = ops.add(x, common.attention(ops, cfg, x, layer, pos, QKNorm.NONE))
     h = ops.rms_norm(x, f"blk.{layer}.ffn_norm.weight", cfg.rms_eps)     # [T, D]
     y = common.routed_experts(ops, cfg, h, layer)                         # [T, D]
-    return x + (y + common.shared_expert(ops, cfg, h, layer))
+    return ops.add(x, ops.add(y, common.shared_expert(ops, cfg, h, layer)))

@@ -25,6 +25,6 @@ def tensor_specs(cfg: MoEConfig) -> tuple[dict, dict]:
 
 def block(ops, cfg: MoEConfig, x, layer: int, pos):
     """x [T, D] -> [T, D]: x + attn(x), then + moe(norm(x))."""
-    x = x + common.attention(ops, cfg, x, layer, pos, QKNorm.PER_HEAD)
+    x = ops.add(x, common.attention(ops, cfg, x, layer, pos, QKNorm.PER_HEAD))
     h = ops.rms_norm(x, f"blk.{layer}.ffn_norm.weight", cfg.rms_eps)     # [T, D]
-    return x + common.routed_experts(ops, cfg, h, layer)
+    return ops.add(x, common.routed_experts(ops, cfg, h, layer))

@@ -49,6 +49,10 @@ class RefOps:
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return linalg.matmul(x, *self._w(name), self.path)
 
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """x + y, f32: a block's residual add (a backend may launch it as one kernel)."""
+        return x + y
+
     def add_bias(self, y: np.ndarray, name: str) -> np.ndarray:
         return y + np.asarray(self.model.view(name), np.float32).reshape(-1)
 

@@ -13,6 +13,7 @@ import numpy as np
 from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, BlobRef, Kernels
+from strata.accel.rows_host import pack_layer
 
 OP_N, OP_T = 0, 1                   # cublasOperation_t
 R_16F, R_32F = 2, 0                 # cudaDataType
@@ -78,7 +79,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
             "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
-            "pull_bytes", "sigmoid_gate")}
+            "pull_bytes", "sigmoid_gate", "add_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
@@ -156,6 +157,25 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         return ([tuple((dev + 8 * (w * n_ptr + a), n) for w in range(W)) + ((tile_base + 12 * b, nt), nt)
                  for a, n, b, nt in zip(p0, lens.tolist(), t0, tlen.tolist())],
                 [(dev + a, r.size) for r, a in zip(riders, r_at)])
+
+    def layer_tables(self, groups, offs, cnt, starts, first, size, tiling, stream, riders=()):
+        """As Kernels.layer_tables, packed by one compiled pass (rows_host.pack_layer) in expert_tables' layout."""
+        if len(riders) != 2:
+            return Kernels.layer_tables(self, groups, offs, cnt, starts, first, size, tiling, stream, riders)
+        n_g = len(groups)
+        ptr0 = np.fromiter((buf.data.ptr for buf, _ in groups), np.uint64, n_g)
+        stride = np.fromiter((buf.strides[0] for buf, _ in groups), np.uint64, n_g)
+        idx_all = np.concatenate([np.asarray(i, np.int64) for _, i in groups])
+        slot, src = riders
+        assert slot.dtype == np.int32 and src.dtype == np.int32, "riders are int32 row tables"
+        packed, at, lens, n_many, s_at, r_at = pack_layer(
+            cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src)
+        dev = self.staging.dbase + self._pull(packed, stream)
+        W = len(offs)
+        # per set: (W pointer tables, tiles table) as (address, length) tuples, then its tile count
+        tabs = [tuple(zip(a, (n,) * W + (nt,))) + (nt,) for a, (n, nt) in zip((at + np.uint64(dev)).tolist(),
+                                                                              lens.tolist())]
+        return tabs, n_many.tolist(), [(dev + s_at, slot.size), (dev + r_at, src.size)]
 
     def _as_array(self, tab: tuple, dtype):
         """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
@@ -304,6 +324,16 @@ class CudaKernels(CudaDecodeKernels, Kernels):
             with stream.s:
                 out += bias
 
+    def linear_many(self, outs, x, ws, stream):
+        T, K = x.shape
+        if T > GEMV_MAX_T and x.dtype == np.float32 and all(w.dtype == np.float16 for w in ws):
+            xh = self.cp.empty((T, K), np.float16)          # linear's own conversion, made once (the same bits)
+            self.fn["to_f16"]((min(4096, -(-T * K // 256)),), (256,),
+                              (xh, x, np.int64(T * K), np.int32(K), np.int32(x.strides[0] // 4)), stream=stream.s)
+            x = xh
+        for o, w in zip(outs, ws):
+            self.linear(o, x, w, stream)
+
     def rope(self, x, cos, sin, pos, n_rot, neox, stream):
         T, H, hd = x.shape
         assert x.flags.c_contiguous and x.dtype == np.float32
@@ -396,6 +426,13 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         if T:
             self.fn["router_topk"]((T,), (256,), (ids, w, logits, np.int32(E), np.int32(k), np.int32(renorm)),
                                    stream=stream.s, shared_mem=E * 4)
+
+    def add(self, out, a, b, stream):
+        assert out.dtype == a.dtype == b.dtype == np.float32 and out.shape == a.shape == b.shape
+        assert out.flags.c_contiguous and a.flags.c_contiguous and b.flags.c_contiguous
+        n = out.size
+        if n:
+            self.fn["add_f32"]((min(4096, -(-n // 256)),), (256,), (out, a, b, np.int64(n)), stream=stream.s)
 
     def sigmoid_gate(self, out, s, g, stream):
         T, D = out.shape

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.accel.rows_host import group_tiles
+
 # Head sizes whose prompt attention keeps its scores in registers (CUDA: attn_kernels.cu; the host twin keeps
 # none): those need no score buffers in the step's memory (buffers.attn_scratch_bytes).
 ONE_PASS_HEAD_DIMS = (64, 128)
@@ -71,6 +73,26 @@ class Kernels(abc.ABC):
         dev = self.upload_many(hosts + list(riders), stream)
         w = len(offs) + 1
         return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)], dev[len(hosts):]
+
+    def layer_tables(self, groups: list[tuple[object, np.ndarray]], offs: tuple[int, ...], cnt: np.ndarray,
+                     starts: np.ndarray, first: np.ndarray, size: np.ndarray, tiling: tuple[int, int, int], stream,
+                     riders: tuple = ()) -> tuple[list[tuple], list[int], list]:
+        """A layer's launch groups' tables in one upload (moe.ExpertRunner.tables). groups[g] = (buf, idx): group
+        g's members' blobs are rows idx of buf; cnt, starts [n]: rows and first row of each expert in row order;
+        group g holds positions first[g] .. first[g] + size[g] - 1; tiling: (few_rows, rows_tile, gemm_bm) of
+        rows_host.group_tiles. Returns (per set 2g: the members' tables for expert_rows, 2g + 1: the many-row
+        members' for dequant / gemm, each as `expert_tables` gives it; n_many [G]; the riders on the device)."""
+        tl, cut, many, n_many = group_tiles(cnt, starts, first, size, *tiling)
+        idx_all = np.concatenate([np.asarray(i) for _, i in groups])
+        idx_many = idx_all[many]
+        a = np.concatenate([[0], np.cumsum(size)]).tolist()
+        b = np.concatenate([[0], np.cumsum(n_many)]).astype(np.int64).tolist()
+        sets, tiles = [], []
+        for i, (buf, _) in enumerate(groups):
+            sets += [(buf, idx_all[a[i]:a[i + 1]]), (buf, idx_many[b[i]:b[i + 1]])]
+            tiles += [tl[cut[2 * i]:cut[2 * i + 1]], tl[cut[2 * i + 1]:cut[2 * i + 2]]]
+        tabs, dev_riders = self.expert_tables(sets, offs, tiles, stream, riders)
+        return tabs, n_many.tolist(), dev_riders
 
     # --- experts -------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -145,6 +167,11 @@ class Kernels(abc.ABC):
     def linear(self, out, x, w, stream, bias=None) -> None:
         """out f32 [T, N] = x f32 [T, K] · w f16 [N, K].T (+ bias f32 [N])."""
 
+    def linear_many(self, outs: list, x, ws: list, stream) -> None:
+        """outs[i] = linear of x by ws[i], each as `linear` makes it (CUDA rounds x to fp16 once for them all)."""
+        for o, w in zip(outs, ws):
+            self.linear(o, x, w, stream)
+
     @abc.abstractmethod
     def rope(self, x, cos, sin, pos, n_rot: int, neox: bool, stream) -> None:
         """In place on x f32 [T, H, hd]; cos/sin f32 [P, n_rot/2]; pos i32 [T]."""
@@ -172,6 +199,10 @@ class Kernels(abc.ABC):
     def router(self, ids, w, logits, k: int, renorm: bool, stream) -> None:
         """ids i32 [T, k], w f32 [T, k] <- softmax over logits f32 [T, E], top-k (ties: lower id), optional
         renormalisation over the k (w / Σ_k w, the f32 sum in k order from +0.0: RefOps.renorm's arithmetic)."""
+
+    @abc.abstractmethod
+    def add(self, out, a, b, stream) -> None:
+        """out f32 = a + b (C-contiguous, one shape): a block's residual add."""
 
     @abc.abstractmethod
     def sigmoid_gate(self, out, s, g, stream) -> None:
