@@ -128,7 +128,7 @@ extern "C" __global__ void attn_dec_part(const float* q, const half_t* kc, const
     float* red = smem + GB * hd;
     for (int i = threadIdx.x; i < GB * hd; i += blockDim.x) qs[i] = h2f(f2h(q[(long long)h0 * hd + i]));
     __syncthreads();
-    const int h8 = hd >> 3;
+    const int h8 = hd >> 3;          // hd % 8 == 0 (attn_decode_takes): key rows are whole 16-byte loads
     float mx[AD_MAXG];
 #pragma unroll
     for (int g = 0; g < AD_MAXG; g++) mx[g] = -3.0e38f;
@@ -152,8 +152,6 @@ extern "C" __global__ void attn_dec_part(const float* q, const half_t* kc, const
                     }
             }
         }
-        for (int d = h8 * 8; d < hd; d++)
-            for (int g = 0; g < GB; g++) a[g] += qs[g * hd + d] * h2f(kr[d]);
 #pragma unroll
         for (int g = 0; g < AD_MAXG; g++)
             if (g < GB) {
