@@ -44,6 +44,30 @@ def main():
         with s:
             y + y
 
+    # the engine's kernel methods on shapes small enough that the GPU keeps up with the host (no queue back-pressure)
+    from strata import quants
+    from strata.accel.gpu.kernels import BlobRef
+
+    k, st = dev.k, dev.compute
+    q4k = quants.get(12)
+    blobs = cp.zeros((1, 8 * q4k.row_bytes(256)), cp.uint8)               # one 8 x 256 Q4_K matrix of zero blocks
+    btab = k.upload(k.blob_table([BlobRef(blobs, 0)], 0), st)
+    tiles = k.upload(np.array([[0, 0, 8]], np.int32), st)
+    a16 = cp.zeros((64, 256), cp.float16)
+    out8, w16 = cp.zeros((64, 8), cp.float32), cp.zeros((1, 8, 256), cp.float16)
+    gu, hh = cp.zeros((8, 128), cp.float32), cp.zeros((8, 64), cp.float16)
+    x32, o32, wl = cp.zeros((16, 64), cp.float32), cp.zeros((16, 64), cp.float32), cp.zeros((64, 64), cp.float16)
+    nw = cp.ones(64, cp.float32)
+    method_rows = {
+        "k.dequant (8 x 256 Q4_K)": lambda: k.dequant(w16, btab, 12, 8, 256, st),
+        "k.expert_rows (one 8-row tile)": lambda: k.expert_rows(out8, a16, btab, tiles, 1, 12, 8, 256, st),
+        "k.gemm_grouped (one tile)": lambda: k.gemm_grouped(out8, a16, w16, tiles, 1, st),
+        "k.swiglu (8 rows)": lambda: k.swiglu(hh, gu, 64, st),
+        "k.linear (16 tokens: to_f16 + cuBLAS)": lambda: k.linear(o32, x32, wl, st),
+        "k.rms_norm (16 tokens)": lambda: k.rms_norm(o32, x32, nw, 1e-6, st),
+        "k.add (16 x 64)": lambda: k.add(o32, x32, x32, st),
+    }
+
     rows = {
         "RawKernel call (CuPy)": lambda: raw((1,), (32,), (x, x, np.int32(1), np.int32(2), np.uint64(3)), stream=s),
         "cuLaunchKernel, parameters packed beforehand": lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0,
@@ -53,7 +77,7 @@ def main():
         "event, recorded": lambda: cp.cuda.Event(disable_timing=True).record(s),
         "CuPy elementwise y + y": add,
         "numpy .ctypes.data of an array": lambda: table.ctypes.data,
-    }
+    } | method_rows
     got = {k: [] for k in rows}
     for _ in range(a.rounds):
         for name, f in rows.items():
