@@ -13,7 +13,7 @@
 // grid-stride loop over spans of DQ_THREADS parts; a span's blocks are first copied into shared memory by the
 // CUDA block in 16-byte loads, and each thread dequantises its part from there. Read straight from global
 // memory, a part was ~30 dependent byte loads a thread, and the kernel ran at ~1.5 TB/s on the H200
-// (bench/results/h200/kq_*_stop30.log: 130 us for 16 qwen3 Q4_K experts, ~60% of a 56-row group's expert time).
+// (bench/results/h200/kdq_stop30.log: 133 us for 16 qwen3 Q4_K experts, ~60% of a 56-row group's expert time).
 #include "dequant.cuh"
 
 #define DQ_THREADS 256   // threads a CUDA block (strata/accel/gpu/dequant.py _THREADS)
