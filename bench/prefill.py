@@ -3,6 +3,7 @@ all-resident engine (accel GPU issue, item 6).
 
 python bench/prefill.py --model X.gguf [--cache-frac 0.25] [--prompts 250,600,900,2048,8192] [--rounds 3]
                         [--decode 32] [--json out.json] [--few-rows 16[,0,...]] [--groups-ab 16] [--ctx 8200]
+                        [--profile-tokens 2048]
 
 Per round, for each prompt length, the quarter-cache engine and the all-resident engine run one after the other
 (interleaved, the order alternating by round); medians over rounds. --groups-ab G adds a third engine beside them:
@@ -14,6 +15,9 @@ bound = missed expert bytes per token ÷ host memory bandwidth measured in this 
 The context (--ctx, default 8,200 tokens: the longest default prompt's) sizes KV and so the quarter cache's prompt
 plan (chunk, ring, loan): it is fixed, not taken from --prompts, so a run of a few prompt lengths plans as the full
 run does (stop 27: --prompts 250,600,900 had planned 768-token chunks against the full run's 1,280).
+The quarter cache holds experts 0.. of every layer alike (no routing profile: SPEC §7's uniform fill) unless
+--profile-tokens N fills it hottest-first from the routing of one N-token prompt, as a user's --expert-profile
+would (the resident engine routes it; the timed prompts are others of the same random kind).
 A prompt's time runs from an idle device to its logits; the refill of the cache slots it lent (SPEC §9), which
 runs after it returns, is timed apart (refill ms).
 Decode runs both ways on each engine, interleaved: the captured decode graph (misses read by the GPU over PCIe)
@@ -62,6 +66,9 @@ def main():
     ap.add_argument("--pool-workers", type=int, help="CPU pool workers for decode misses (default: cores - 1)")
     ap.add_argument("--few-rows", default=None, help="expert row thresholds to compare (default: moe.FEW_ROWS)")
     ap.add_argument("--groups-ab", type=int, help="also time the quarter cache planned with this weight scratch only")
+    ap.add_argument("--profile-tokens", type=int, default=0,
+                    help="fill the quarter cache hottest-first from the routing of one prompt of this many tokens (the "
+                    "resident engine's; SPEC §7's profile, as generate's --expert-profile) instead of uniformly")
     ap.add_argument("--ctx", type=int, default=8200, help="context tokens (KV, and so the prompt plan); raised to what "
                     "the longest prompt and the decode rounds need")
     a = ap.parse_args()
@@ -88,9 +95,22 @@ def main():
     pool = ExpertPool(workers=a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1))
     # the prompt path without the CPU share (bench/cpu_share.py measures that); decode misses go to the pool
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool,
-                   few_rows=fews[0])
     er = GpuEngine(m, dev, n_ctx=n_ctx, config=cfg, log=log, arena=arena, few_rows=fews[0])
+    order = None
+    if a.profile_tokens:                      # count a prompt's (layer, expert) routing, as --dump-routing would
+        from collections import Counter
+
+        from strata.routing_trace import hottest_first
+
+        counts = Counter()
+        er.on_routing = lambda layer, ids: counts.update((layer, int(e)) for e in ids.ravel())
+        er.prefill(np.random.default_rng(1).integers(0, c.n_vocab, a.profile_tokens).tolist())
+        er.on_routing = None
+        er.reset()
+        order = hottest_first(counts, c.n_layer, c.n_expert)
+        log(f"bench: quarter cache filled hottest-first from a {a.profile_tokens}-token prompt's routing")
+    eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, pool=pool,
+                   few_rows=fews[0], profile_order=order)
     engines = [("quarter", eq), ("resident", er)]
     if a.groups_ab:
         eg = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, log=log, arena=arena, few_rows=fews[0],
@@ -172,7 +192,9 @@ def main():
                                      "bound_tok_s": hbw * 1e9 / miss_bytes if miss_bytes else None}
     print(f"model {a.model}: {c.n_layer} layers x {c.n_expert} experts, blob {slot / 2**20:.2f} MiB; "
           f"quarter cache {eq.plan.cache_slots} slots (chunk {eq.plan.chunk}, groups of {eq.plan.group}, ring "
-          f"{eq.plan.ring}, loan {eq.plan.loan_slots}); H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
+          f"{eq.plan.ring}, loan {eq.plan.loan_slots}, "
+          f"{f'hottest-first from a {a.profile_tokens}-token prompt' if a.profile_tokens else 'uniform fill'}); "
+          f"H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
           f"context {n_ctx} tokens; medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
           f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5} {'group':>5} {'refill ms':>9}")
@@ -206,7 +228,8 @@ def main():
               + (f"; host-bandwidth bound {b:.1f} tok/s ({d['tok_s'] / b:.2f} of it)" if b else ""))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"model": a.model, "h2d_gbps": bw, "host_gbps": hbw, "prefill": table, "decode": dec,
+            json.dump({"model": a.model, "profile_tokens": a.profile_tokens, "h2d_gbps": bw, "host_gbps": hbw,
+                       "prefill": table, "decode": dec,
                        "raw": {f"{L}/{f}": v for (L, f), v in res.items()}}, fh, indent=1)
 
 
