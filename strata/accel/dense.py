@@ -106,7 +106,8 @@ class DenseWeights:
 
 class DeviceOps:
     """The backend ops for one step on a device; `begin` binds the step's buffers, position and token count.
-    Array arithmetic in the model files (x + y) runs on the compute stream (the engine holds `dev.on(compute)`).
+    CuPy arithmetic (add_bias, a non-contiguous `add`) runs on the compute stream (the engine holds
+    `dev.on(compute)`).
     """
 
     def __init__(self, model: Model, dev, weights: DenseWeights, kv, n_ctx: int, cap: int):

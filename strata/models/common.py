@@ -1,8 +1,9 @@
 """The transformer pieces the four MoE architectures share, written against a backend's ops.
 
-A backend (`strata.reference.ops.RefOps`, the accel backends) supplies: embed, rms_norm, linear, add_bias, rope,
-attention, router_probs, topk (renormalised on request), experts, ffn, sigmoid_gate and output, and qk_norm_rope
-(per-head RMSNorm of q and k, then RoPE: rms_norm and rope, composed where a backend does not fuse them). Model code never branches on the
+A backend (`strata.reference.ops.RefOps`, the accel backends) supplies: embed, rms_norm, linear, add (a block's
+residual sum, x + y in f32), add_bias, rope, attention, router_probs, topk (renormalised on request), experts, ffn,
+sigmoid_gate and output, and qk_norm_rope (per-head RMSNorm of q and k, then RoPE: rms_norm and rope, composed
+where a backend does not fuse them). Model code never branches on the
 backend (STYLE point 6). Legend: T tokens, D hidden, H/Hkv heads, hd head size, E experts, K top-k.
 """
 
