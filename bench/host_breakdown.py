@@ -6,7 +6,7 @@ The quarter-cache and all-resident engines (share off, as bench/prefill.py) run 
 the device calls and the MoE block's host steps wrapped in timers; per prompt, the wall time inside each is summed,
 and the medians over rounds are printed with the routing-sync wait and the layout window (the engine's Stats
 counters).
-Calls nest (engine.moe holds the MoE steps; ExpertRunner.tables holds k.expert_tables, which holds one upload), so
+Calls nest (engine.moe holds the MoE steps; ExpertRunner.tables holds k.layer_tables, which holds one table copy), so
 the rows do not add up to the wall. The timers cost about a microsecond a call. Speed itself is bench/prefill.py's.
 """
 
@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 KERNELS = ("dequant", "gemm_grouped", "expert_rows", "swiglu", "linear", "rms_norm", "rope", "kv_store", "attention",
-           "router", "gather_f16", "combine", "upload", "upload_many", "expert_tables", "layer_tables", "embed_rows",
+           "router", "gather_f16", "combine", "upload", "upload_many", "layer_tables", "embed_rows",
            "linear_many", "add")
 DEVICE = ("h2d_rows", "d2h", "event", "empty")
 

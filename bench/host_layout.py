@@ -26,18 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _PackOnly:
-    """The CUDA kernels' layer_tables packing (rows_host.pack_layer; expert_tables' whole-array numpy where there
-    are no row tables) with the upload left out."""
+    """The CUDA kernels' layer_tables packing (rows_host.pack_layer) with the upload left out."""
 
     staging = SimpleNamespace(dbase=1 << 40)
 
     def _pull(self, host, stream):
         return 0
-
-    def expert_tables(self, sets, offs, tiles, stream, riders=()):
-        from strata.accel.gpu.cuda_kernels import CudaKernels
-
-        return CudaKernels.expert_tables(self, sets, offs, tiles, stream, riders)
 
     def layer_tables(self, *args):
         from strata.accel.gpu.cuda_kernels import CudaKernels

@@ -146,9 +146,11 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
 
 @settings(max_examples=100, deadline=None)
 @given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1))
-def test_the_compiled_packing_is_the_numpy_packing(r, few_rows, max_group, seed):
-    """CudaKernels.layer_tables (one compiled pass, rows_host.pack_layer) gives the bytes, the table addresses and
-    the riders of Kernels.layer_tables through CudaKernels.expert_tables (whole-array numpy), for any groups."""
+def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed):
+    """CudaKernels.layer_tables (one compiled pass, rows_host.pack_layer) against a loop that states its layout,
+    over the sets and tiles Kernels.layer_tables forms (test_group_tables_are_the_loops holds those): one copy of
+    [pointer tables, offset-major: for each offset, every set's blobs' addresses plus that offset | the tiles |
+    slot | src, each 16-byte aligned], each set's tables named by (address, length), then its tile count."""
     from types import SimpleNamespace
 
     from strata.accel.gpu.cuda_kernels import CudaKernels
@@ -173,31 +175,47 @@ def test_the_compiled_packing_is_the_numpy_packing(r, few_rows, max_group, seed)
         i += n
     if not groups:                                     # every expert on the CPU: the engine packs no tables
         return
-    pulled = []
+    pulled, formed = [], {}
 
     class K:
         staging = SimpleNamespace(dbase=1 << 40)
-        expert_tables = CudaKernels.expert_tables
 
         def _pull(self, host, stream):
             pulled.append(host.copy())
-            return 256 * len(pulled)
+            return 256
+
+        def expert_tables(self, sets, offs, tiles, stream, riders=()):
+            formed["sets"], formed["tiles"] = sets, tiles
+            return [()] * len(sets), []
 
     k, args = K(), (order_cnt, lay.starts, np.asarray(first, np.int64), np.asarray(size, np.int64))
-    offs = (0, 4000, 9000)
-    riders = (lay.slot.astype(np.int32), lay.src.astype(np.int32))
-    want = Kernels.layer_tables(k, groups, offs, *args, (few_rows, ROWS_TILE, GEMM_BM), None, riders)
-    got = CudaKernels.layer_tables(k, groups, offs, *args, (few_rows, ROWS_TILE, GEMM_BM), None, riders)
-    assert len(pulled) == 2 and pulled[0].size == pulled[1].size
-    n_ptr, n_tiles = sum(t[0][1] for t in want[0]), sum(t[-1] for t in want[0])
-    base = K.staging.dbase + 256
-    (s_at, s_n), (r_at, r_n) = [(a - base, n) for a, n in want[2]]
-    for lo, hi in ((0, len(offs) * n_ptr * 8 + n_tiles * 12), (s_at, s_at + 4 * s_n), (r_at, r_at + 4 * r_n)):
-        assert np.array_equal(pulled[0][lo:hi], pulled[1][lo:hi])      # the bytes between are padding
-    shift = 256                                          # the second pull lands 256 bytes further
-    moved = [tuple((a + shift, n) for a, n in t[:-1]) + (t[-1],) for t in want[0]]
-    assert got[0] == moved and got[1] == want[1]
-    assert [(a, n) for a, n in got[2]] == [(a + shift, n) for a, n in want[2]]
+    offs, tiling = (0, 4000, 9000), (few_rows, ROWS_TILE, GEMM_BM)
+    slot, src = lay.slot.astype(np.int32), lay.src.astype(np.int32)
+    _, want_many, _ = Kernels.layer_tables(k, groups, offs, *args, tiling, None)       # the sets, as formed
+    tabs, n_many, riders = CudaKernels.layer_tables(k, groups, offs, *args, tiling, None, (slot, src))
+    assert CudaKernels.layer_tables(k, groups, offs, *args, tiling, None) == (tabs, n_many, [])   # no riders
+    raw = pulled[0]
+    assert np.array_equal(pulled[1][:8 * len(offs) * sum(len(i) for _, i in formed["sets"])],
+                          raw[:8 * len(offs) * sum(len(i) for _, i in formed["sets"])])
+    dev = K.staging.dbase + 256
+    up16 = lambda n: -(-n // 16) * 16
+    n_ptr = sum(len(idx) for _, idx in formed["sets"])
+    t0 = 8 * len(offs) * n_ptr
+    s_at = up16(t0 + 12 * sum(len(t) for t in formed["tiles"]))
+    r_at = s_at + up16(4 * slot.size)
+    assert n_many == want_many and riders == [(dev + s_at, slot.size), (dev + r_at, src.size)]
+    assert np.array_equal(raw[s_at:s_at + 4 * slot.size].view(np.int32), slot.ravel())
+    assert np.array_equal(raw[r_at:r_at + 4 * src.size].view(np.int32), src.ravel())
+    ptrs = raw[:t0].view(np.uint64).reshape(len(offs), n_ptr)
+    tiles = raw[t0:t0 + 12 * sum(len(t) for t in formed["tiles"])].view(np.int32).reshape(-1, 3)
+    p = t = 0
+    for (buf, idx), tl, tab in zip(formed["sets"], formed["tiles"], tabs):
+        for w, off in enumerate(offs):
+            assert tab[w] == (dev + 8 * (w * n_ptr + p), len(idx))
+            assert ptrs[w, p:p + len(idx)].tolist() == [buf.data.ptr + int(e) * buf.strides[0] + off for e in idx]
+        assert tab[len(offs)] == (dev + t0 + 12 * t, len(tl)) and tab[-1] == len(tl)
+        assert np.array_equal(tiles[t:t + len(tl)], tl)
+        p, t = p + len(idx), t + len(tl)
 
 
 def test_row_tables_ride_in_the_expert_tables_upload():

@@ -170,7 +170,7 @@ class DeviceOps:
         if fused is not None and x.shape[0] > 1:     # a prompt's attn_q: q, k and v from one fp16 copy of x, k and
             cat, parts = fused                       # v kept for their calls (two conversions a layer fewer)
             outs = [self.dev.empty((x.shape[0], hi - lo), np.float32) for _, lo, hi in parts]
-            self.k.linear_many(outs, x, [cat[lo:hi] for _, lo, hi in parts], self.dev.compute)
+            self.k.linear_many(outs, x, [self.wt[n] for n, _, _ in parts], self.dev.compute)   # cat's row views
             self._stash = {n: (x, o) for (n, _, _), o in zip(parts[1:], outs[1:])}
             return outs[0]
         if fused is not None:        # attn_q of one token: q, k and v in one GEMV, k and v kept for the next calls

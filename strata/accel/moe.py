@@ -107,7 +107,7 @@ class ExpertRunner:
                riders: tuple = ()) -> tuple[list, list]:
         """Every group's GroupTables of a layer in one upload: groups[g] = (members, buf, idx), the members'
         blobs being rows idx of buf (cache slots or ring slots, known before the copies land); riders: other
-        tables for the same upload (Kernels.expert_tables). A prompt layer has tens of groups, and this runs on
+        tables for the same upload (Kernels.layer_tables). A prompt layer has tens of groups, and this runs on
         the host between the routing sync and the launches: the tiles are one compiled pass
         (rows_host.group_tiles), and on CUDA the whole packing (rows_host.pack_layer). Returns (the
         GroupTables, the riders on the device)."""

@@ -98,7 +98,7 @@ def _up16(n):
 
 @njit(cache=True, nogil=True)
 def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, gemm_bm, slot, src):
-    """A layer's launch-group tables in CudaKernels.expert_tables' byte layout, in one pass (the whole-array numpy
+    """A layer's launch-group tables in CudaKernels.layer_tables' byte layout, in one pass (the whole-array numpy
     version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
     cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
     the groups' members concatenated; ptr0, stride [G] u64: each group buffer's address and row stride; offs [W]

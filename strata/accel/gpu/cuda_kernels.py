@@ -102,7 +102,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
 
     def _pull(self, host: np.ndarray, stream) -> int:
         """`upload`'s copy, by offsets alone: host (contiguous) lands at dbuf[off:], off returned. No CuPy view is
-        made (each costs ~10 us of a host-bound prompt layer's time; expert_tables wants the address only)."""
+        made (each costs ~10 us of a host-bound prompt layer's time; layer_tables wants the address only)."""
         st = self.staging
         off = st.put(host)
         n16 = -(-max(host.nbytes, 1) // 16)        # regions are 256-byte aligned and padded: whole uint4s
@@ -123,50 +123,18 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         dev = self.upload(packed, stream)
         return [dev[o:o + h.nbytes].view(h.dtype).reshape(h.shape) for h, o in zip(hosts, offs)]
 
-    def expert_tables(self, sets, offs, tiles, stream, riders=()):
-        """One pinned->device copy for a layer: [pointer tables, offset-major: offs[w] of every set's blobs |
-        tiles (int32) | riders (int32), each 16-byte aligned], built with whole-array numpy (a layer has tens of
-        groups; a Python loop per group and offset cost ~1 ms a layer on the H200's host). The riders (the row
-        tables) travel in the same copy: a separate upload took ~75 us of a prompt layer's host time on the H200
-        (bench/results/h200/host_breakdown_stop27.log)."""
-        n_sets, W = len(sets), len(offs)
-        lens = np.fromiter((len(idx) for _, idx in sets), np.int64, n_sets)
-        ptr0 = np.fromiter((buf.data.ptr for buf, _ in sets), np.uint64, n_sets)
-        stride = np.fromiter((buf.strides[0] for buf, _ in sets), np.uint64, n_sets)
-        idx = np.concatenate([np.asarray(i, np.uint64) for _, i in sets]) if n_sets else np.zeros(0, np.uint64)
-        base = idx * np.repeat(stride, lens) + np.repeat(ptr0, lens)             # [n_ptr] blob addresses
-        n_ptr = base.size
-        tl = np.concatenate(tiles).astype(np.int32, copy=False) if n_sets else np.zeros((0, 3), np.int32)
-        tlen = np.fromiter((t.shape[0] for t in tiles), np.int64, n_sets)
-        t_end = W * n_ptr * 8 + tl.size * 4
-        r_at, r_end = [], -(-t_end // 16) * 16
-        for r in riders:
-            assert r.dtype == np.int32, "riders are int32 row tables"
-            r_at.append(r_end)
-            r_end += -(-r.nbytes // 16) * 16
-        packed = np.empty(r_end, np.uint8)
-        ptrs = packed[:W * n_ptr * 8].view(np.uint64).reshape(W, n_ptr)
-        ptrs[...] = base[None, :] + np.asarray(offs, np.uint64)[:, None]
-        packed[W * n_ptr * 8:t_end].view(np.int32)[:] = tl.reshape(-1)
-        for r, a in zip(riders, r_at):
-            packed[a:a + r.nbytes].view(np.int32)[:] = r.reshape(-1)
-        dev = self.staging.dbase + self._pull(packed, stream)
-        p0 = (np.cumsum(lens) - lens).tolist()
-        t0 = (np.cumsum(tlen) - tlen).tolist()
-        tile_base = dev + W * n_ptr * 8
-        return ([tuple((dev + 8 * (w * n_ptr + a), n) for w in range(W)) + ((tile_base + 12 * b, nt), nt)
-                 for a, n, b, nt in zip(p0, lens.tolist(), t0, tlen.tolist())],
-                [(dev + a, r.size) for r, a in zip(riders, r_at)])
-
     def layer_tables(self, groups, offs, cnt, starts, first, size, tiling, stream, riders=()):
-        """As Kernels.layer_tables, packed by one compiled pass (rows_host.pack_layer) in expert_tables' layout."""
-        if len(riders) != 2:
-            return Kernels.layer_tables(self, groups, offs, cnt, starts, first, size, tiling, stream, riders)
+        """As Kernels.layer_tables, in one pinned->device copy: [pointer tables, offset-major: offs[w] of every set's
+        blobs | tiles (int32) | the riders (int32), each 16-byte aligned], packed by one compiled pass
+        (rows_host.pack_layer: whole-array numpy cost 160-350 us a layer on the H200's host, a Python loop per group
+        ~1 ms). The row tables ride in the same copy: a separate upload took ~75 us of a prompt layer's host time
+        (bench/results/h200/host_breakdown_stop27.log). Riders: the engine's two, or none."""
+        assert len(riders) in (0, 2), "the row tables (slot, src) ride in the copy, or nothing does"
         n_g = len(groups)
         ptr0 = np.fromiter((buf.data.ptr for buf, _ in groups), np.uint64, n_g)
         stride = np.fromiter((buf.strides[0] for buf, _ in groups), np.uint64, n_g)
         idx_all = np.concatenate([np.asarray(i, np.int64) for _, i in groups])
-        slot, src = riders
+        slot, src = riders or (np.zeros(0, np.int32),) * 2
         assert slot.dtype == np.int32 and src.dtype == np.int32, "riders are int32 row tables"
         packed, at, lens, n_many, s_at, r_at = pack_layer(
             cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src)
@@ -175,7 +143,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         # per set: (W pointer tables, tiles table) as (address, length) tuples, then its tile count
         tabs = [tuple(zip(a, (n,) * W + (nt,))) + (nt,) for a, (n, nt) in zip((at + np.uint64(dev)).tolist(),
                                                                               lens.tolist())]
-        return tabs, n_many.tolist(), [(dev + s_at, slot.size), (dev + r_at, src.size)]
+        return tabs, n_many.tolist(), [(dev + s_at, slot.size), (dev + r_at, src.size)][:len(riders)]
 
     def _as_array(self, tab: tuple, dtype):
         """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
@@ -308,12 +276,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                                                          np.int32(x.strides[0] // 4), w, np.int32(N), np.int32(K),
                                                          np.int32(T), np.int32(vec)), stream=stream.s)
         elif w.dtype == np.float16:
-            if x.dtype == np.float16 and x.flags.c_contiguous:
-                xh = x
-            else:
-                xh = self.cp.empty((T, K), np.float16)
-                self.fn["to_f16"]((min(4096, -(-T * K // 256)),), (256,),
-                                  (xh, x, np.int64(T * K), np.int32(K), np.int32(x.strides[0] // 4)), stream=stream.s)
+            xh = x if x.dtype == np.float16 and x.flags.c_contiguous else self._to_f16(x, stream)
             self._gemm_ex(stream, OP_T, OP_N, N, T, K, w.data.ptr, R_16F, K, xh.data.ptr, R_16F, K, out.data.ptr,
                           out.strides[0] // 4)
         else:
@@ -324,13 +287,17 @@ class CudaKernels(CudaDecodeKernels, Kernels):
             with stream.s:
                 out += bias
 
-    def linear_many(self, outs, x, ws, stream):
+    def _to_f16(self, x, stream):
+        """x f32 [T, K] (row stride may exceed K) rounded to a new fp16 [T, K]: a prompt GEMM's input."""
         T, K = x.shape
-        if T > GEMV_MAX_T and x.dtype == np.float32 and all(w.dtype == np.float16 for w in ws):
-            xh = self.cp.empty((T, K), np.float16)          # linear's own conversion, made once (the same bits)
-            self.fn["to_f16"]((min(4096, -(-T * K // 256)),), (256,),
-                              (xh, x, np.int64(T * K), np.int32(K), np.int32(x.strides[0] // 4)), stream=stream.s)
-            x = xh
+        xh = self.cp.empty((T, K), np.float16)
+        self.fn["to_f16"]((min(4096, -(-T * K // 256)),), (256,),
+                          (xh, x, np.int64(T * K), np.int32(K), np.int32(x.strides[0] // 4)), stream=stream.s)
+        return xh
+
+    def linear_many(self, outs, x, ws, stream):
+        if x.shape[0] > GEMV_MAX_T and x.dtype == np.float32 and all(w.dtype == np.float16 for w in ws):
+            x = self._to_f16(x, stream)                     # linear's own conversion, made once (the same bits)
         for o, w in zip(outs, ws):
             self.linear(o, x, w, stream)
 
