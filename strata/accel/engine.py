@@ -211,14 +211,19 @@ class GpuEngine:
         region = self._lend(loan)
         self.stats.loan_slots = loan
         try:
-            out = []
+            out, after = [], None
             n = -(-len(tokens) // self.plan.chunk)
-            for i in range(0, len(tokens), self.plan.chunk):
+            for j, i in enumerate(range(0, len(tokens), self.plan.chunk)):
                 part = tokens[i:i + self.plan.chunk]
-                out.append(self._prompt_chunk(part, region, layout, ring, group, all_logits))
-                if self.progress and n > 1:     # each chunk ends on the host (its logits come back)
+                last = i + len(part) == len(tokens)
+                # a chunk before the last computes no head unless every token's logits are asked for, and the host
+                # goes on to the next chunk without waiting for the GPU: its copies wait for `after`
+                logits, after = self._prompt_chunk(part, region, layout, ring, group, all_logits, last, after)
+                if all_logits or last:
+                    out.append(logits)
+                if self.progress and n > 1:     # the host is at most a layer ahead of the GPU (routing syncs)
                     done, s = i + len(part), time.perf_counter() - t0
-                    self.progress(f"prefill: chunk {len(out)} of {n}, {done:,} of {len(tokens):,} tokens in "
+                    self.progress(f"prefill: chunk {j + 1} of {n}, {done:,} of {len(tokens):,} tokens in "
                                   f"{s * 1e3:.1f} ms -> {done / s:.1f} tok/s")
         finally:
             self._give_back()
@@ -291,13 +296,16 @@ class GpuEngine:
         ev.record(self.dev.compute)
         self.cache.restore(self.arena, ev)
 
-    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, group: int, all_logits):
+    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, group: int, all_logits, last: bool = True,
+                      after=None):
         """One chunk through the borrowed region: buffers laid out for `layout` tokens and `group`-expert launch
-        groups, then `ring_slots`."""
+        groups, then `ring_slots`. `after`: the event ending the previous chunk's compute, which the ring's first
+        copies wait for (the same slots, read by that chunk's last groups). Returns (logits or None, the event
+        ending this chunk's compute, or None when its logits came back to the host)."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
         bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
-        ring = Ring(self.dev, ring_buf)
+        ring = Ring(self.dev, ring_buf, after)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         # the CPU share stays with the chunks SPEC §4 gives it: those SPEC §3 sends down the routed-only walk
         self._shareable = walk is WalkKind.ROUTED_ONLY
@@ -316,7 +324,7 @@ class GpuEngine:
                 r = self._layer_entries.get(l)
                 self._layer_entries[l] = range(kq if r is None else r.start, kq + 1)
         try:
-            logits = self._step(tokens, bufs, all_logits, decode=False)
+            logits = self._step(tokens, bufs, all_logits, decode=False, head_out=all_logits or last)
         finally:
             if self._walk is not None:
                 self._note_waste(len(self._walk.entries), self._unrouted)
@@ -324,7 +332,11 @@ class GpuEngine:
         self.stats.streamed_bytes += ring.bytes_in
         self.stats.streamed_experts += ring.copies
         self.stats.chunks.append((len(tokens), walk.value, ring.copies))
-        return logits
+        if logits is not None:
+            return logits, None
+        end = self.dev.event()
+        end.record(self.dev.compute)
+        return None, end
 
     def _note_waste(self, entries: int, unrouted: int) -> None:
         """A stream-all chunk ended: record its unrouted share; say so when that turns the walk choice."""
@@ -339,7 +351,9 @@ class GpuEngine:
                                                      f"{STREAM_ALL_PROBE} re-measures, each still wasteful "
                                                      f"doubling that, up to {STREAM_ALL_PROBE_MAX})"))
 
-    def _step(self, tokens, bufs, all_logits: bool, decode: bool) -> np.ndarray:
+    def _step(self, tokens, bufs, all_logits: bool, decode: bool, head_out: bool = True) -> np.ndarray | None:
+        """Tokens through every layer; the head's logits on the host ([T or 1, V]), or None without `head_out`
+        (nothing waits for the GPU then)."""
         T = len(tokens)
         self._decode = decode
         with self.dev.on(self.dev.compute):
@@ -353,13 +367,15 @@ class GpuEngine:
             pos = np.arange(self.pos, self.pos + T)
             for layer in range(self.cfg.n_layer):
                 x = self.model.forward_block(self.ops, x, layer, pos)             # [T, D]
-            rows = x if all_logits else x[T - 1:T]
-            logits = head(self.ops, self.cfg, rows)                               # [T or 1, V]
+            logits = None
+            if head_out:
+                rows = x if all_logits else x[T - 1:T]
+                logits = head(self.ops, self.cfg, rows)                           # [T or 1, V]
             if self.cpu_block is not None:
                 self.cpu_block.settle()          # the last shared layer ends for the policy with the chunk
         self.pos += T
         self.n_chunks += 1
-        return self.dev.tohost(logits)
+        return None if logits is None else self.dev.tohost(logits)
 
     # --- the MoE block ------------------------------------------------------------------------------------------
     def moe(self, h, layer: int, ids_dev, w_dev):

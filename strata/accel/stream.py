@@ -16,10 +16,12 @@ from strata.policy import IssueOrder
 
 
 class Ring:
-    def __init__(self, dev, buf):
+    def __init__(self, dev, buf, after=None):
         self.dev, self.buf = dev, buf                              # buf: device uint8 [R, slot_bytes]
         self.n = buf.shape[0]
-        self.used = [None] * self.n          # the event that frees slot i (one event may free a whole group)
+        # the event that frees slot i (one event may free a whole group); `after`: the previous chunk's end, whose
+        # last groups read these slots and which the host did not wait for
+        self.used = [after] * self.n
         self._waited = None                  # the last `used` event the copy stream waits for (skip repeats)
         self.bytes_in = 0
         self.copies = 0                      # experts copied
