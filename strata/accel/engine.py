@@ -23,7 +23,8 @@ from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
-                                  Walk as WalkKind, routed_group, stream_all_queue, walk_for, walk_runs)
+                                  Walk as WalkKind, routed_group, routed_groups, stream_all_queue, walk_for,
+                                  walk_runs)
 
 
 @dataclass
@@ -484,19 +485,8 @@ class GpuEngine:
         """The stream-all walk's groups of this layer's routed entries, and the unrouted entries to release:
         unrouted[first entry of a group] = those passed before it, unrouted[None] = those after the last."""
         walk = self._walk
-        routed = set(lay.streamed)
         rng = self._layer_entries.get(layer, range(0))
-        kept = [kq for kq in rng if walk.entries[kq][1] in routed]
-        self._unrouted += len(rng) - len(kept)
-        groups = walk_runs(kept, min(self._runner.bufs.group, self._ring.n // 2), self._ring.n)
-        last = {g[-1]: g for g in groups}
-        unrouted, pending = {}, []
-        for kq in rng:
-            if walk.entries[kq][1] not in routed:
-                pending.append(kq)
-            elif kq in last and pending:
-                unrouted[last[kq][0]] = pending
-                pending = []
-        if pending:
-            unrouted[None] = pending
+        groups, unrouted = routed_groups(walk.entries, rng, set(lay.streamed),
+                                         min(self._runner.bufs.group, self._ring.n // 2), self._ring.n)
+        self._unrouted += sum(len(v) for v in unrouted.values())
         return groups, unrouted

@@ -218,3 +218,23 @@ def walk_runs(entries: Sequence[int], limit: int, ring: int) -> list[list[int]]:
             cur = []
         cur.append(k)
     return out + ([cur] if cur else [])
+
+
+def routed_groups(entries: Sequence[tuple[int, int]], ks: Sequence[int], routed, limit: int, ring: int):
+    """A layer's walk entries `ks` (ascending indices into the queue `entries` of (layer, expert)) split into
+    launch groups of the routed ones (walk_runs) and the unrouted ones to release as the groups pass them:
+    unrouted[first entry of a group] = those before it, unrouted[None] = those after the last. The stream-all
+    walk's queue holds unrouted entries."""
+    kept = [k for k in ks if entries[k][1] in routed]
+    groups = walk_runs(kept, limit, ring)
+    last = {g[-1]: g for g in groups}
+    unrouted, pending = {}, []
+    for k in ks:
+        if entries[k][1] not in routed:
+            pending.append(k)
+        elif k in last and pending:
+            unrouted[last[k][0]] = pending
+            pending = []
+    if pending:
+        unrouted[None] = pending
+    return groups, unrouted
