@@ -123,3 +123,32 @@ def test_issue_order_runs_and_watermark():
     o2 = IssueOrder(entries, ring=2)
     with pytest.raises(AssertionError, match="beyond the ring's reach"):
         list(o2.up_to(5))
+
+
+def test_routed_groups_split_a_layers_queue():
+    """policy.routed_groups (the stream-all walk's layer split): the groups are walk_runs of the routed entries in
+    queue order; every unrouted entry is released once, with the first group whose last entry lies past it, or
+    after the last group (None)."""
+    import numpy as np
+
+    from strata.policy.stream import routed_groups, walk_runs
+
+    rng = np.random.default_rng(0)
+    for case in range(300):
+        n, ring = int(rng.integers(0, 40)), int(rng.integers(4, 20))
+        limit = int(rng.integers(1, ring // 2 + 1))
+        start = int(rng.integers(0, 5))
+        entries = [(0, int(e)) for e in rng.integers(0, 64, start + n)]
+        ks = range(start, start + n)
+        routed = {e for _, e in entries[start:] if rng.random() < 0.6}
+        groups, unrouted = routed_groups(entries, ks, routed, limit, ring)
+        kept = [k for k in ks if entries[k][1] in routed]
+        assert groups == walk_runs(kept, limit, ring), case
+        released = sorted(k for v in unrouted.values() for k in v)
+        assert released == [k for k in ks if entries[k][1] not in routed], case
+        prev_end = start - 1
+        for g in groups:
+            for k in unrouted.get(g[0], []):
+                assert prev_end < k < g[-1], (case, k, g)
+            prev_end = g[-1]
+        assert all(k > prev_end for k in unrouted.get(None, [])), case
