@@ -218,10 +218,13 @@ class GpuEngine:
                 part = tokens[i:i + self.plan.chunk]
                 last = i + len(part) == len(tokens)
                 # a chunk before the last computes no head unless every token's logits are asked for, and the host
-                # goes on to the next chunk without waiting for the GPU: its copies wait for `after`
-                logits, after = self._prompt_chunk(part, region, layout, ring, group, all_logits, last, after)
-                if all_logits or last:
+                # goes on to the next chunk without waiting for the GPU: that chunk's ring copies wait for `after`
+                logits = self._prompt_chunk(part, region, layout, ring, group, all_logits, all_logits or last, after)
+                if logits is not None:
                     out.append(logits)
+                if not last:
+                    after = self.dev.event()
+                    after.record(self.dev.compute)          # this chunk's compute is all enqueued
                 if self.progress and n > 1:     # the host is at most a layer ahead of the GPU (routing syncs)
                     done, s = i + len(part), time.perf_counter() - t0
                     self.progress(f"prefill: chunk {j + 1} of {n}, {done:,} of {len(tokens):,} tokens in "
@@ -297,12 +300,12 @@ class GpuEngine:
         ev.record(self.dev.compute)
         self.cache.restore(self.arena, ev)
 
-    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, group: int, all_logits, last: bool = True,
-                      after=None):
+    def _prompt_chunk(self, tokens, region, layout: int, ring_slots: int, group: int, all_logits: bool,
+                      head_out: bool, after):
         """One chunk through the borrowed region: buffers laid out for `layout` tokens and `group`-expert launch
-        groups, then `ring_slots`. `after`: the event ending the previous chunk's compute, which the ring's first
-        copies wait for (the same slots, read by that chunk's last groups). Returns (logits or None, the event
-        ending this chunk's compute, or None when its logits came back to the host)."""
+        groups, then `ring_slots`. `after`: the event ending the previous chunk's compute (None: the first chunk),
+        which the ring's first copies wait for (the same slots, read by that chunk's last groups). Returns the
+        logits (_step), or None without `head_out`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
         bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
@@ -325,7 +328,7 @@ class GpuEngine:
                 r = self._layer_entries.get(l)
                 self._layer_entries[l] = range(kq if r is None else r.start, kq + 1)
         try:
-            logits = self._step(tokens, bufs, all_logits, decode=False, head_out=all_logits or last)
+            logits = self._step(tokens, bufs, all_logits, decode=False, head_out=head_out)
         finally:
             if self._walk is not None:
                 self._note_waste(len(self._walk.entries), self._unrouted)
@@ -333,11 +336,7 @@ class GpuEngine:
         self.stats.streamed_bytes += ring.bytes_in
         self.stats.streamed_experts += ring.copies
         self.stats.chunks.append((len(tokens), walk.value, ring.copies))
-        if logits is not None:
-            return logits, None
-        end = self.dev.event()
-        end.record(self.dev.compute)
-        return None, end
+        return logits
 
     def _note_waste(self, entries: int, unrouted: int) -> None:
         """A stream-all chunk ended: record its unrouted share; say so when that turns the walk choice."""

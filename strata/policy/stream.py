@@ -220,7 +220,8 @@ def walk_runs(entries: Sequence[int], limit: int, ring: int) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
-def routed_groups(entries: Sequence[tuple[int, int]], ks: Sequence[int], routed, limit: int, ring: int):
+def routed_groups(entries: Sequence[tuple[int, int]], ks: Sequence[int], routed: set[int], limit: int,
+                  ring: int):
     """A layer's walk entries `ks` (ascending indices into the queue `entries` of (layer, expert)) split into
     launch groups of the routed ones (walk_runs) and the unrouted ones to release as the groups pass them:
     unrouted[first entry of a group] = those before it, unrouted[None] = those after the last. The stream-all
