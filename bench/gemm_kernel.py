@@ -1,12 +1,15 @@
-"""The prompt experts' grouped GEMM (`gemm_grouped_mma`) alone: throughput on the expert shapes of the two bench
-models, and its bits and speed against the kernel of another git revision, timed in the same interleaved rounds.
+"""The prompt experts' grouped GEMM alone: throughput on the expert shapes of the two bench models, this tree's
+two kernels side by side (`gemm_grouped_mma128` over tiles of up to 128 rows, `gemm_grouped_mma` over 64-row
+tiles), and optionally the kernel of another git revision, timed in the same interleaved rounds.
 
-python bench/gemm_kernel.py [--rows 8,32,56,128,512] [--experts 64] [--rounds 5] [--against REV|FILE]
+python bench/gemm_kernel.py [--rows 8,32,56,128,512] [--experts 64] [--rounds 5] [--kernels mma128,mma]
+                            [--against REV|FILE]
 
-Each case is one launch over `--experts` experts with the same number of rows each (the tiles moe.py makes),
+Each case is one launch over `--experts` experts with the same number of rows each (the tiles each kernel takes),
 fp16 inputs, fp32 outputs. TFLOPS counts the useful products only (2·R·N·Kd). With --against, REV's
-engine_kernels.cu is compiled beside this tree's (its own BN read from the source) and both run on the same
-inputs in alternating order; `bits` says whether every output is identical. Needs CUDA.
+engine_kernels.cu is compiled beside this tree's (its own BN read from the source, 64-row tiles). Every kernel
+runs on the same inputs in alternating order; `bits` says whether every output equals the first kernel's.
+Needs CUDA.
 """
 
 from __future__ import annotations
@@ -21,17 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
+from strata.accel.gpu.cuda_kernels import BIG_BM, big_smem
 from strata.accel.moe import GEMM_BM, ROWS_TILE
 from strata.accel.rows_host import group_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def gemm_tiles(experts: int, rows: int) -> np.ndarray:
+def gemm_tiles(experts: int, rows: int, bm: int = GEMM_BM) -> np.ndarray:
     """The engine's GEMM tiles (g, start, end) of `experts` experts of `rows` rows each, one after another: one launch
     group whose members all take the scratch path (few_rows 0), as ExpertRunner.tables builds them."""
     tl, cut, _, _ = group_tiles(np.full(experts, rows, np.int64), np.arange(experts, dtype=np.int64) * rows,
-                                np.zeros(1, np.int64), np.full(1, experts, np.int64), 0, ROWS_TILE, GEMM_BM)
+                                np.zeros(1, np.int64), np.full(1, experts, np.int64), 0, ROWS_TILE, GEMM_BM,
+                                bm if bm > GEMM_BM else 0)
     return tl[cut[1]:cut[2]]
 # (label, N, Kd): gate|up and down of qwen3-30b-a3b (D 2048, F 768) and flash-shape (D 2560, F 640)
 SHAPES = (("qwen3 gate|up", 1536, 2048), ("qwen3 down", 2048, 768),
@@ -57,15 +62,21 @@ def _source_at(rev: str) -> str:
 
 
 class Kernel:
-    def __init__(self, cp, code: str, name: str):
+    """One grouped-GEMM kernel of a source: `big` takes gemm_grouped_mma128 (128-row tiles, dynamic shared memory
+    sized as CudaKernels sizes it), else gemm_grouped_mma (64-row tiles)."""
+
+    def __init__(self, cp, code: str, name: str, big: bool = False):
         self.name = name
-        self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function("gemm_grouped_mma")
+        fn = "gemm_grouped_mma128" if big else "gemm_grouped_mma"
+        self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function(fn)
         self.bn = int(re.search(r"^#define BN (\d+)", code, re.M).group(1))
+        self.bm, self.smem = (BIG_BM, big_smem(cp, self.fn)) if big else (64, 0)
 
     def __call__(self, out, a, w, tiles, n_tiles, stream):
         N, Kd = w.shape[1], w.shape[2]
         self.fn((n_tiles, -(-N // self.bn)), (128,), (out, np.int32(out.shape[1]), a, np.int32(a.shape[1]), w,
-                                                      tiles, np.int32(N), np.int32(Kd)), stream=stream)
+                                                      tiles, np.int32(N), np.int32(Kd)), stream=stream,
+                shared_mem=self.smem)
 
 
 def main(argv=None) -> int:
@@ -74,19 +85,21 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10, help="launches per timing")
+    ap.add_argument("--kernels", default="mma128,mma", help="this tree's kernels to run, comma-separated")
     ap.add_argument("--against", help="a git revision (or a flattened .cu file) whose gemm_grouped_mma runs "
                                        "beside this tree's")
     args = ap.parse_args(argv)
     print(f"# python bench/gemm_kernel.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     import cupy as cp
 
-    kernels = [Kernel(cp, dq.source("engine_kernels.cu"), "this tree")]
+    here = dq.source("engine_kernels.cu")
+    kernels = [Kernel(cp, here, name, big=name == "mma128") for name in args.kernels.split(",")]
     if args.against:
         kernels.append(Kernel(cp, _source_at(args.against), args.against))
     print(f"# {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {args.experts} experts a launch, "
           f"median of {args.rounds} rounds of {args.reps} launches, kernels alternating by round")
     head = "| shape | rows/expert | " + " | ".join(f"{k.name} ms (TFLOPS)" for k in kernels)
-    print(head + (" | ratio | bits |" if len(kernels) > 1 else " |"))
+    print(head + "".join(f" | {k.name}/{kernels[0].name} | bits" for k in kernels[1:]) + " |")
     stream = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(0)
     for label, N, Kd in SHAPES:
@@ -94,9 +107,11 @@ def main(argv=None) -> int:
         for rows in (int(r) for r in args.rows.split(",")):
             R = rows * args.experts
             a = cp.asarray(rng.standard_normal((R, Kd)).astype(np.float16))
-            t = gemm_tiles(args.experts, rows)
-            tiles = cp.asarray(t)
+            ts = {k.bm: gemm_tiles(args.experts, rows, k.bm) for k in kernels}
+            tiles = {bm: cp.asarray(t) for bm, t in ts.items()}
             outs = [cp.full((R, N), np.nan, np.float32) for _ in kernels]
+            cp.cuda.Device().synchronize()     # the inputs and tiles, made on the null stream, have landed: the
+                                               # launches go on a non-blocking stream that does not wait for it
             times: list[list[float]] = [[] for _ in kernels]
             for rnd in range(args.rounds + 1):                      # round 0 warms up
                 order = range(len(kernels)) if rnd % 2 == 0 else reversed(range(len(kernels)))
@@ -104,7 +119,7 @@ def main(argv=None) -> int:
                     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
                     e0.record(stream)
                     for _ in range(args.reps):
-                        kernels[i](outs[i], a, w, tiles, len(t), stream)
+                        kernels[i](outs[i], a, w, tiles[kernels[i].bm], len(ts[kernels[i].bm]), stream)
                     e1.record(stream)
                     e1.synchronize()
                     if rnd:
@@ -113,11 +128,10 @@ def main(argv=None) -> int:
             ms = [statistics.median(x) for x in times]
             cells = [f"{m:.3f} ({flops / m / 1e9:.0f})" for m in ms]
             line = f"| {label} | {rows} | " + " | ".join(cells)
-            if len(kernels) > 1:
-                same = bool(cp.array_equal(outs[0], outs[1]))
-                line += f" | {ms[1] / ms[0]:.2f}x | {'same' if same else 'DIFFER'} |"
-            else:
-                line += " |"
+            for i in range(1, len(kernels)):
+                same = bool(cp.array_equal(outs[0], outs[i]))
+                line += f" | {ms[i] / ms[0]:.2f}x | {'same' if same else 'DIFFER'}"
+            line += " |"
             print(line, flush=True)
     return 0
 

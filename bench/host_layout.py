@@ -29,6 +29,7 @@ class _PackOnly:
     """The CUDA kernels' layer_tables packing (rows_host.pack_layer) with the upload left out."""
 
     staging = SimpleNamespace(dbase=1 << 40)
+    gemm_big_rows = 128
 
     def _pull(self, host, stream):
         return 0

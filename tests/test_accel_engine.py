@@ -252,6 +252,44 @@ def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
 
 
 @pytest.mark.parametrize("kind", _devices())
+def test_each_gemm_launch_gets_tiles_its_kernel_takes(kind, prompts, monkeypatch):
+    """A launch group whose GEMM experts all have more than moe.GEMM_BM rows is cut at the kernels' larger tile
+    (rows_host.many_tile; on CUDA gemm_grouped_mma128's 128 rows), and gemm_grouped is told which, so it picks a
+    kernel whose block holds every tile. With both tiles shrunk (2 and 4 rows, so a golden prompt has groups of
+    each kind) every launch's tiles fit the size it is given, both sizes occur, and the logits keep the bits of
+    the default tiling, at every residency (the two kernels make the same sums)."""
+    import strata.accel.moe as moe
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
+    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    outs, seen = {}, set()
+    for small in (False, True):
+        if small:
+            monkeypatch.setattr(moe, "GEMM_BM", 2)
+        for cached in (n_pairs, n_pairs // 2, 0):
+            dev = make_device(kind)
+            if small:
+                dev.k.gemm_big_rows = 4
+
+                def spy(out, a, w, tiles, n_tiles, stream, max_rows=None, _f=dev.k.gemm_grouped):
+                    seen.add(max_rows)
+                    if kind == "host":
+                        t = np.asarray(tiles)[:n_tiles]
+                        assert (t[:, 2] - t[:, 1] <= max_rows).all(), (max_rows, t.tolist())
+                    return _f(out, a, w, tiles, n_tiles, stream, max_rows)
+                dev.k.gemm_grouped = spy
+            try:
+                outs[small, cached], _ = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=0)
+            finally:
+                dev.close()
+    assert seen == {2, 4}, seen
+    base = outs[False, n_pairs]
+    for key, got in outs.items():
+        assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"tiling/residency {key} changed the bits"
+
+
+@pytest.mark.parametrize("kind", _devices())
 def test_few_row_experts_run_from_their_blobs(kind, prompts):
     """moe.FEW_ROWS: experts of at most `few_rows` rows skip the fp16 scratch (`expert_rows`), the rest take
     dequant + gemm_grouped. Each threshold keeps residency out of the bits (the path depends on the row count

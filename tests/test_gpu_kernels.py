@@ -37,8 +37,9 @@ def close(a, b, rel):
     assert err <= rel, f"max error {err:.2e} of scale {scale:.3g} exceeds {rel:.0e}"
 
 
-@pytest.mark.parametrize("kind", ["mma", "simt"])
-def test_gemm_grouped(devs, kind, monkeypatch):
+@pytest.mark.parametrize("kind,big", [("mma", False), ("mma", True), ("simt", True)])
+def test_gemm_grouped(devs, kind, big, monkeypatch):
+    """big: tiles of up to 128 rows (gemm_grouped_mma128 on "mma"), else of up to 64 (gemm_grouped_mma)."""
     c, _ = devs
     monkeypatch.setattr(c.k, "gemm_kind", kind)
     R, K, N, G = 300, 256, 200, 3
@@ -47,11 +48,14 @@ def test_gemm_grouped(devs, kind, monkeypatch):
     w = (rng.standard_normal((G, N, K)) / 16).astype(np.float16)
     tiles = np.array([(0, 0, 64), (0, 64, 100), (2, 100, 164), (2, 164, 170), (1, 200, 264), (1, 264, 300)],
                      np.int32)
+    if big:                        # one tile of 100 rows, one of 70 (a warp's rows end inside an m16 block)
+        tiles = np.array([(0, 0, 100), (2, 100, 170), (1, 200, 300)], np.int32)
     out_h = np.full((R, N), np.nan, np.float32)
     _, hdev = devs
     hdev.k.gemm_grouped(out_h, a, w, tiles, len(tiles), hdev.compute)
     out_c = c.zeros((R, N), np.float32) + np.float32(np.nan)
-    c.k.gemm_grouped(out_c, c.asarray(a), c.asarray(w), c.k.upload(tiles, c.compute), len(tiles), c.compute)
+    c.k.gemm_grouped(out_c, c.asarray(a), c.asarray(w), c.k.upload(tiles, c.compute), len(tiles), c.compute,
+                     100 if big else 64)
     got = c.tohost(out_c)
     rows = np.r_[0:170, 200:300]
     close(got[rows], out_h[rows], 1e-3)
@@ -71,6 +75,31 @@ def test_gemm_residency_invariance(devs):
     c.k.gemm_grouped(o1, a, w, c.k.upload(t1, c.compute), 2, c.compute)
     c.k.gemm_grouped(o2, a, w, c.k.upload(t2, c.compute), 4, c.compute)
     assert np.array_equal(c.tohost(o1)[10:90], c.tohost(o2)[10:90])
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_gemm_mma128_gives_mma_bits(devs, seed):
+    """gemm_grouped_mma128 over tiles of up to 128 rows gives gemm_grouped_mma's bits over the same rows cut into
+    64-row tiles (the same MMAs in the same k order), so which one gemm_grouped picks never changes the arithmetic.
+    Rows 1..128 a tile: warps end inside an m16 block, between blocks, or hold no rows; Kd 768 and 2048 as qwen3's."""
+    c, _ = devs
+    rng = np.random.default_rng(seed)
+    for N, K in ((1536, 2048), (2048, 768), (200, 256)):
+        rows = [1, 17, 63, 64, 65, 100, 127, 128]
+        R, G = sum(rows), len(rows)
+        a = c.asarray(rng.standard_normal((R, K)).astype(np.float16))
+        w = c.asarray((rng.standard_normal((G, N, K)) / 16).astype(np.float16))
+        starts = np.cumsum([0] + rows)
+        big = np.array([(g, starts[g], starts[g + 1]) for g in range(G)], np.int32)
+        small = np.array([(g, r, min(r + 64, starts[g + 1])) for g in range(G) for r in range(starts[g], starts[g + 1], 64)],
+                         np.int32)
+        outs = []
+        for t, most in ((big, 128), (small, 64)):           # the 128-row kernel, then the 64-row one
+            o = c.zeros((R, N), np.float32) + np.float32(np.nan)
+            c.k.gemm_grouped(o, a, w, c.k.upload(t, c.compute), len(t), c.compute, most)
+            outs.append(c.tohost(o))
+        assert not np.isnan(outs[0]).any()
+        assert np.array_equal(outs[0], outs[1]), f"N {N} K {K}: the two kernels' bits differ"
 
 
 def test_gather_swiglu_combine(devs):

@@ -2,7 +2,8 @@
 row order resident | streamed | CPU, each by id; an expert's rows hold its tokens in order; slot[t, k] is the row
 of pair (t, k). The layout is a compiled counting sort (strata/accel/rows_host.py), for any number of experts. The
 launch groups' tables (ExpertRunner.tables) against a loop too: per group, every member's blob, then the many-row
-members'; few-row tiles of ROWS_TILE rows (g = member index), many-row tiles of GEMM_BM (g = index among those)."""
+members'; few-row tiles of ROWS_TILE rows (g = member index), many-row tiles of GEMM_BM, or of the kernels'
+larger tile where every many-row member of the group has more rows (g = index among those)."""
 
 import numpy as np
 import pytest
@@ -97,12 +98,16 @@ def _loop_tiles(rows, bm, g):
 
 
 @settings(max_examples=150, deadline=None)
-@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1))
-def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
+@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1),
+       st.sampled_from([(64, 0), (64, 128), (3, 0), (3, 6)]))
+def test_group_tables_are_the_loops(r, few_rows, max_group, seed, tiles):
+    """tiles: (moe.GEMM_BM, the kernels' gemm_big_rows), small ones too, as these routings have at most 30 rows an
+    expert: a group whose many-row members all have more than GEMM_BM rows is cut at the larger tile."""
     from types import SimpleNamespace
+    from unittest import mock
 
     from strata.accel.gpu.kernels import Kernels
-    from strata.accel.moe import GEMM_BM, ROWS_TILE, ExpertRunner
+    from strata.accel.moe import ROWS_TILE, ExpertRunner
 
     ids, resident, cpu = r
     cnt = np.bincount(ids.ravel(), minlength=resident.size)
@@ -115,6 +120,8 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
 
     class K:       # Kernels.layer_tables on a kernel set whose expert_tables records what it is given
         layer_tables = Kernels.layer_tables
+
+    gemm_bm, K.gemm_big_rows = tiles
 
     k = K()
     k.expert_tables = expert_tables
@@ -130,7 +137,8 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
         i += n
     if not groups:
         return
-    tabs, _ = runner.tables(0, groups, lay)
+    with mock.patch("strata.accel.moe.GEMM_BM", gemm_bm):
+        tabs, _ = runner.tables(0, groups, lay)
     want_sets, want_tiles = [], []
     for members, buf, idx in groups:
         many = [j for j, e in enumerate(members) if cnt[e] > few_rows]
@@ -138,15 +146,18 @@ def test_group_tables_are_the_loops(r, few_rows, max_group, seed):
         rows = [(int(lay.off[e]), int(cnt[e])) for e in members]
         want_tiles.append([t for j in range(len(members)) if j not in many
                            for t in _loop_tiles(rows[j], ROWS_TILE, j)])
-        want_tiles.append([t for jj, j in enumerate(many) for t in _loop_tiles(rows[j], GEMM_BM, jj)])
+        big = K.gemm_big_rows and all(rows[j][1] > gemm_bm for j in many)
+        want_tiles.append([t for jj, j in enumerate(many)
+                           for t in _loop_tiles(rows[j], K.gemm_big_rows if big else gemm_bm, jj)])
     assert got["sets"] == want_sets
     assert got["tiles"] == [[list(t) for t in w] for w in want_tiles]
     assert [t.n_many for t in tabs] == [sum(cnt[e] > few_rows for e in m) for m, _, _ in groups]
 
 
 @settings(max_examples=100, deadline=None)
-@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1))
-def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed):
+@given(routings(), st.sampled_from([0, 1, 8, 16]), st.integers(1, 6), st.integers(0, 2**31 - 1),
+       st.sampled_from([(64, 0), (64, 128), (3, 6)]))
+def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed, tiles):
     """CudaKernels.layer_tables (one compiled pass, rows_host.pack_layer) against a loop that states its layout,
     over the sets and tiles Kernels.layer_tables forms (test_group_tables_are_the_loops holds those): one copy of
     [pointer tables, offset-major: for each offset, every set's blobs' addresses plus that offset | the tiles |
@@ -155,7 +166,7 @@ def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed):
 
     from strata.accel.gpu.cuda_kernels import CudaKernels
     from strata.accel.gpu.kernels import Kernels
-    from strata.accel.moe import GEMM_BM, ROWS_TILE
+    from strata.accel.moe import ROWS_TILE
 
     ids, resident, cpu = r
     cnt = np.bincount(ids.ravel(), minlength=resident.size)
@@ -189,7 +200,7 @@ def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed):
             return [()] * len(sets), []
 
     k, args = K(), (order_cnt, lay.starts, np.asarray(first, np.int64), np.asarray(size, np.int64))
-    offs, tiling = (0, 4000, 9000), (few_rows, ROWS_TILE, GEMM_BM)
+    offs, tiling = (0, 4000, 9000), (few_rows, ROWS_TILE) + tiles
     slot, src = lay.slot.astype(np.int32), lay.src.astype(np.int32)
     _, want_many, _ = Kernels.layer_tables(k, groups, offs, *args, tiling, None)       # the sets, as formed
     tabs, n_many, riders = CudaKernels.layer_tables(k, groups, offs, *args, tiling, None, (slot, src))

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.accel.rows_host import expert_major
+from strata.accel.rows_host import expert_major, group_rows
 from strata.policy.stream import resident_runs
 
-GEMM_BM = 64           # rows per GEMM tile (the CUDA kernel's block tile)
+GEMM_BM = 64           # rows per GEMM tile (gemm_grouped_mma's block tile); a launch group whose many-row members
+                       # all have more takes Kernels.gemm_big_rows-row tiles where the kernels have them
+                       # (rows_host.many_tile: gemm_grouped_mma128's 128)
 ROWS_TILE = 8          # rows per expert_rows tile (cuda/rows_kernels.cu ER_RT)
 FEW_ROWS = ROWS_TILE   # experts of one tile skip the fp16 scratch: each blob byte read once (bench/prefill.py
                        # --few-rows 16,0,8 on the H200, prefill_f8_fewrows.log: 16 re-reads blobs and was slower)
@@ -80,11 +82,13 @@ def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
 class GroupTables:
     """A group's device tables: `few` for expert_rows (blob tables over every member, tiles of ROWS_TILE rows
     of the few-row members, g = member index), `many` for dequant + gemm_grouped (blob tables over the
-    many-row members only, GEMM_BM tiles, g = index among them). Each is (gate, up, down, tiles, n_tiles)."""
+    many-row members only, tiles of `rows` rows, g = index among them). Each is (gate, up, down, tiles, n_tiles).
+    rows: the row tile the many-row tiles were cut at (rows_host.many_tile), which picks the GEMM kernel."""
 
     few: tuple
     many: tuple
     n_many: int
+    rows: int = GEMM_BM
 
 
 class ExpertRunner:
@@ -117,10 +121,12 @@ class ExpertRunner:
         size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
         assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
             "a group must be a run of experts in row order"
+        tiling = (self.few_rows, ROWS_TILE, GEMM_BM, self.k.gemm_big_rows)
         tabs, n_many, dev_riders = self.k.layer_tables(
-            [(buf, idx) for _, buf, idx in groups], self.offsets[layer], cnt, lay.starts, first, size,
-            (self.few_rows, ROWS_TILE, GEMM_BM), self.dev.compute, riders)
-        return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i]) for i in range(n_g)], dev_riders
+            [(buf, idx) for _, buf, idx in groups], self.offsets[layer], cnt, lay.starts, first, size, tiling,
+            self.dev.compute, riders)
+        rows = group_rows(cnt, first, size, self.few_rows, GEMM_BM, tiling[3]).tolist()     # as the tiles were cut
+        return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i], rows[i]) for i in range(n_g)], dev_riders
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
         """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for
@@ -149,12 +155,12 @@ class ExpertRunner:
             else:
                 k.expert_rows(b.gu[:, :F], b.xg, f_gate, f_tiles, n_few, tg, F, D, s)
                 k.expert_rows(b.gu[:, F:], b.xg, f_up, f_tiles, n_few, tu, F, D, s)
-        if n:
-            k.gemm_grouped(b.gu, b.xg, b.w_gu, m_tiles, n_tiles, s)     # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        if n:                      # tab.rows, the row tile the tables were cut at, picks the kernel (the same sums)
+            k.gemm_grouped(b.gu, b.xg, b.w_gu, m_tiles, n_tiles, s, tab.rows)  # GU[rows] = Xg[rows] · Wgu[g]ᵀ
         k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
         if n_few:
             k.expert_rows(b.dm, b.hh, f_down, f_tiles, n_few, td, D, F, s)
             if on_released:
                 on_released()
         if n:
-            k.gemm_grouped(b.dm, b.hh, b.w_d, m_tiles, n_tiles, s)       # Dm[rows] = H[rows] · Wdᵀ
+            k.gemm_grouped(b.dm, b.hh, b.w_d, m_tiles, n_tiles, s, tab.rows)  # Dm[rows] = H[rows] · Wdᵀ

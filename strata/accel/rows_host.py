@@ -38,15 +38,41 @@ def expert_major(ids, rank, cnt, K):
 
 
 @njit(cache=True, nogil=True)
-def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm):
+def many_tile(cnt, few_rows, gemm_bm, big_bm):
+    """The GEMM row tile of a launch group whose members have cnt [m] rows: big_bm when every many-row member
+    (more than few_rows rows) has more than gemm_bm, so each fills gemm_grouped_mma128's 128-row block tile (that
+    kernel is 0.90-1.01x on experts of up to 56 rows, bench/results/h200/gemm_kernel_stop32.log), else gemm_bm.
+    big_bm 0: always gemm_bm."""
+    if big_bm <= gemm_bm:
+        return gemm_bm
+    for c in cnt:
+        if few_rows < c <= gemm_bm:
+            return gemm_bm
+    return big_bm
+
+
+@njit(cache=True, nogil=True)
+def group_rows(cnt, first, size, few_rows, gemm_bm, big_bm):
+    """Each launch group's GEMM row tile (many_tile of its members' rows): cnt [n] rows of each position in row
+    order, group g holds positions first[g] .. first[g] + size[g] - 1. -> [G] i64."""
+    G = first.shape[0]
+    bm = np.empty(G, np.int64)
+    for g in range(G):
+        bm[g] = many_tile(cnt[first[g]:first[g] + size[g]], few_rows, gemm_bm, big_bm)
+    return bm
+
+
+@njit(cache=True, nogil=True)
+def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm, big_bm):
     """Launch groups' row tiles. cnt, starts [n] rows and first row of each position in row order; group g holds
     positions first[g] .. first[g] + size[g] - 1. An expert of at most few_rows rows takes rows_tile-row tiles
-    (g = its index among the group's members), the others gemm_bm-row tiles (g = its index among the group's
-    many-row members); tiles never cross experts.
+    (g = its index among the group's members), the others tiles of the group's many_tile rows (g = its index
+    among the group's many-row members); tiles never cross experts.
     -> (tiles [n_tiles, 3] i32 (g, start, end): per group its few-row tiles then its many-row ones; cut [2G + 1]:
     set 2g = group g's few-row tiles, set 2g + 1 its many-row ones, tiles[cut[s]:cut[s + 1]]; many [M] i64: the
     many-row members' indices into the groups' members concatenated; n_many [G])."""
     G = first.shape[0]
+    bm = group_rows(cnt, first, size, few_rows, gemm_bm, big_bm)
     n_t = 0
     n_m = 0
     for g in range(G):
@@ -55,7 +81,7 @@ def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm):
             if c <= few_rows:
                 n_t += (c + rows_tile - 1) // rows_tile
             else:
-                n_t += (c + gemm_bm - 1) // gemm_bm
+                n_t += (c + bm[g] - 1) // bm[g]
                 n_m += 1
     tiles = np.empty((n_t, 3), np.int32)
     cut = np.empty(2 * G + 1, np.int64)
@@ -79,9 +105,9 @@ def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm):
             if cnt[p] > few_rows:
                 r, end = starts[p], starts[p] + cnt[p]
                 while r < end:
-                    tiles[t, 0], tiles[t, 1], tiles[t, 2] = j, r, min(r + gemm_bm, end)
+                    tiles[t, 0], tiles[t, 1], tiles[t, 2] = j, r, min(r + bm[g], end)
                     t += 1
-                    r += gemm_bm
+                    r += bm[g]
                 many[m] = base + p - first[g]
                 m += 1
                 j += 1
@@ -97,7 +123,8 @@ def _up16(n):
 
 
 @njit(cache=True, nogil=True)
-def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, gemm_bm, slot, src):
+def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, gemm_bm, big_bm, slot,
+               src):
     """A layer's launch-group tables in CudaKernels.layer_tables' byte layout, in one pass (the whole-array numpy
     version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
     cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
@@ -107,7 +134,7 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
     offset-major [W, n_ptr] u64 | tiles i32 [n_tiles, 3] | slot | src, each 16-byte aligned]; at [2G, W + 1] u64:
     each set's W pointer tables' and its tiles' byte offsets in packed; lens [2G, 2]: its pointers and tiles;
     n_many [G]; byte offsets of slot and src)."""
-    tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm)
+    tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm, big_bm)
     G = first.shape[0]
     W = offs.shape[0]
     n_ptr = idx_all.shape[0] + many.shape[0]

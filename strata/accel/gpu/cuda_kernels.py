@@ -23,6 +23,17 @@ STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
 GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
+BIG_BM = 128                        # gemm_grouped_mma128's row tile (mma.cuh BM_BIG)
+_BIG_SMEM = 4 * (BIG_BM + GEMM_BN) * 40 * 2   # its dynamic shared memory: STAGES_BIG x (BM_BIG + BN) x LDS halves
+
+
+def big_smem(cp, fn) -> int:
+    """Lets `fn` (gemm_grouped_mma128) take its dynamic shared memory, past the 48 KiB default; returns the bytes."""
+    if hasattr(fn, "max_dynamic_shared_size_bytes"):      # CuPy's RawModule hands out RawKernels
+        fn.max_dynamic_shared_size_bytes = _BIG_SMEM
+    else:
+        cp.cuda.driver.funcSetAttribute(fn.ptr, 8, _BIG_SMEM)   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return _BIG_SMEM
 FLASH_HD, FLASH_ROWS = ONE_PASS_HEAD_DIMS, 64   # head sizes attn_kernels.cu is built for; query rows a block
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
@@ -77,10 +88,12 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.mod = cp.RawModule(code=dq.source("engine_kernels.cu"), options=("--std=c++17",))
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
-            "gemm_grouped_mma", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
+            "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
             "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
             "pull_bytes", "sigmoid_gate", "add_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
+        self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
+        big_smem(cp, self.fn["gemm_grouped_mma128"])
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
@@ -211,7 +224,10 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         if R:
             self.fn["gather_f16"]((R,), (256,), (out, x, _tab_ptr(src), np.int32(R), np.int32(D)), stream=stream.s)
 
-    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream):
+    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream, max_rows=None):
+        """Tiles cut at 128 rows (max_rows > 64, or None) take gemm_grouped_mma128's 128x128 block tile, 1.06-1.26x
+        faster on experts of 80-1,024 rows; tiles cut at 64 rows the 64x128 one, up to 1.11x faster on experts of
+        up to 56 (bench/results/h200/gemm_kernel_stop32.log). Both make the same sums."""
         N, Kd = w.shape[1], w.shape[2]
         assert out.dtype == np.float32 and a.dtype == np.float16 and w.dtype == np.float16 and w.flags.c_contiguous
         assert a.strides[1] == 2 and out.strides[1] == 4 and Kd % 32 == 0, "row-major operands, k a multiple of 32"
@@ -221,8 +237,12 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                 _tab_ptr(tiles), np.int32(N), np.int32(Kd))
         if self.gemm_kind == "simt":
             self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
+            return
+        assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the mma kernels copy A rows in 16-byte chunks"
+        if max_rows is None or max_rows > 64:
+            self.fn["gemm_grouped_mma128"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s,
+                                           shared_mem=_BIG_SMEM)
         else:
-            assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the mma kernel copies A rows in 16-byte chunks"
             self.fn["gemm_grouped_mma"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s)
 
     def swiglu(self, out, gu, f, stream):

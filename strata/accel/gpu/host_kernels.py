@@ -69,9 +69,17 @@ class HostKernels(Kernels):
     def gather_f16(self, out, x, src, stream):
         self._run(stream, lambda: out.__setitem__(slice(None), x[src].astype(F16)))
 
-    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream):
+    def gemm_grouped(self, out, a, w, tiles, n_tiles, stream, max_rows=None):
         def run():
-            for g, r0, r1 in tiles[:n_tiles]:
+            # one product per run of an expert's consecutive tiles: numpy's sums depend on the rows a product
+            # takes, and the CUDA kernels' depend on the rows and W[g] alone, whatever the tiles (max_rows)
+            i, t = 0, np.asarray(tiles[:n_tiles])
+            while i < len(t):
+                g, r0, r1 = (int(x) for x in t[i])
+                i += 1
+                while i < len(t) and t[i, 0] == g and t[i, 1] == r1:
+                    r1 = int(t[i, 2])
+                    i += 1
                 out[r0:r1] = a[r0:r1].astype(F32) @ w[g].astype(F32).T
 
         self._run(stream, run)

@@ -46,6 +46,8 @@ class ExpertSource:
 
 
 class Kernels(abc.ABC):
+    gemm_big_rows = 0  # the larger GEMM row tile `gemm_grouped` takes (rows_host.many_tile), 0 if none
+
     @abc.abstractmethod
     def upload(self, host: np.ndarray, stream) -> object:
         """A device copy of a small host table, taken now (later host writes do not reach it)."""
@@ -75,11 +77,11 @@ class Kernels(abc.ABC):
         return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)], dev[len(hosts):]
 
     def layer_tables(self, groups: list[tuple[object, np.ndarray]], offs: tuple[int, ...], cnt: np.ndarray,
-                     starts: np.ndarray, first: np.ndarray, size: np.ndarray, tiling: tuple[int, int, int], stream,
+                     starts: np.ndarray, first: np.ndarray, size: np.ndarray, tiling: tuple[int, int, int, int], stream,
                      riders: tuple = ()) -> tuple[list[tuple], list[int], list]:
         """A layer's launch groups' tables in one upload (moe.ExpertRunner.tables). groups[g] = (buf, idx): group
         g's members' blobs are rows idx of buf; cnt, starts [n]: rows and first row of each expert in row order;
-        group g holds positions first[g] .. first[g] + size[g] - 1; tiling: (few_rows, rows_tile, gemm_bm) of
+        group g holds positions first[g] .. first[g] + size[g] - 1; tiling: (few_rows, rows_tile, gemm_bm, big_bm) of
         rows_host.group_tiles. Returns (per set 2g: the members' tables for expert_rows, 2g + 1: the many-row
         members' for dequant / gemm, each as `expert_tables` gives it; n_many [G]; the riders on the device)."""
         tl, cut, many, n_many = group_tiles(cnt, starts, first, size, *tiling)
@@ -111,9 +113,10 @@ class Kernels(abc.ABC):
         """out f16 [R, D] <- x f32 [T, D] rows src i32 [R] (uploaded: `upload` or an `expert_tables` rider)."""
 
     @abc.abstractmethod
-    def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream) -> None:
+    def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream, max_rows: int | None = None) -> None:
         """For each tile (g, r0, r1) of tiles i32 [n_tiles, 3]: out f32 [r0:r1, N] = a f16 [r0:r1, K] · w[g].T,
-        w f16 [G, N, K]."""
+        w f16 [G, N, K]. max_rows: the tile size the tiles were cut at (moe.GEMM_BM or gemm_big_rows; None: the
+        larger), which a kernel set may use to pick its kernel; the result is the same."""
 
     @abc.abstractmethod
     def swiglu(self, out, gu, f: int, stream) -> None:
