@@ -14,19 +14,22 @@
 // nor the pipeline enters the arithmetic: stop 16's 64x64 register-prefetch kernel gave the same bits
 // (bench/gemm_kernel.py checks it on the device).
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda,
-                                                                   const half_t* W, const int* tiles, int N,
-                                                                   int Kd) {
-    __shared__ __align__(16) half_t As[STAGES][BM][LDS];
-    __shared__ __align__(16) half_t Bs[STAGES][BN][LDS];
+// One block's tile (g, r0, r1) x columns n0.. of the product, ROWS rows (32 per 4-row loader step) x BN columns, 4
+// warps (2 x 2) of (16·MI) x 64, an S-stage cp.async pipeline in As/Bs; SKIP: a warp skips its m16 blocks past
+// the tile's last row (no stored output changes).
+template <int ROWS, int MI, int S, bool SKIP>
+__device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, int lda, const half_t* W,
+                                          const int* tiles, int N, int Kd, half_t (*As)[ROWS][LDS],
+                                          half_t (*Bs)[BN][LDS]) {
     const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
     const int n0 = blockIdx.y * BN;
     const half_t* Wg = W + (long long)g * N * Kd;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
+    const int wm = (warp >> 1) * 16 * MI, wn = (warp & 1) * 64;
+    const int live = SKIP ? min(MI, max(0, (r1 - r0 - wm + 15) >> 4)) : MI;     // this warp's m16 blocks with rows
     // W loads: a stage is BN rows of 4 16-byte chunks; thread tid takes chunk tid & 3 of rows tid >> 2 (+32, +64,
     // +96). Rows past N load zeros.
-    const ALoader al(A, lda, r0, r1, tid);
+    const ALoaderT<ROWS> al(A, lda, r0, r1, tid);
     const int lr = tid >> 2, lc = (tid & 3) * 8;
     const half_t* bsrc[4];
     bool bok[4];
@@ -43,74 +46,45 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma(float
 #pragma unroll
         for (int i = 0; i < 4; i++) cp_async16(&Bs[stage][lr + 32 * i][lc], bsrc[i] + k0, bok[i]);
     };
-    float acc[2][8][4];
-    zero_acc<2>(acc);
+    float acc[MI][8][4];
+    zero_acc<MI>(acc);
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
+    for (int s = 0; s < S - 1; s++) {
         if (s < nk) load(s, s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait_stage();
+        cp_async_wait_stages<S>();
         __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
-        if (kt + STAGES - 1 < nk) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (kt + S - 1 < nk) load((kt + S - 1) % S, kt + S - 1);
         cp_async_commit();
-        mma_step<2>(acc, As[kt % STAGES], Bs[kt % STAGES], wm, wn, lane);
+        if (live) mma_step<MI>(acc, As[kt % S], Bs[kt % S], wm, wn, lane, live);
     }
     cp_async_wait_all();
-    store_acc<2>(C, ldc, acc, r0 + wm, r1, n0 + wn, N, lane);
+    store_acc<MI>(C, ldc, acc, r0 + wm, r1, n0 + wn, N, lane);
 }
 
-// The same product over tiles of up to 128 rows (kernels.py gemm_grouped: a launch whose tiles exceed 64 rows):
-// a 128x128 block tile, each warp a 64x64 tile, so a k16 step's fragments feed twice the MMAs of the 32x64 warp
-// tile (half the shared-memory reads per product), in a 4-stage pipeline in dynamic shared memory. A warp skips
-// its m16 row blocks past the tile's last row. Every output is the same fixed-order sum as gemm_grouped_mma's (the
-// same MMAs on the same fragments in ascending k16 steps), so the two kernels give the same bits.
+// 64-row tiles: a 64x128 block tile, each warp 32x64, 3 stages in static shared memory
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda,
+                                                                   const half_t* W, const int* tiles, int N,
+                                                                   int Kd) {
+    __shared__ __align__(16) half_t As[STAGES][BM][LDS];
+    __shared__ __align__(16) half_t Bs[STAGES][BN][LDS];
+    gemm_tile<BM, 2, STAGES, false>(C, ldc, A, lda, W, tiles, N, Kd, As, Bs);
+}
+
+// Tiles of up to 128 rows (kernels.py gemm_grouped: a launch group cut at 128 rows): a 128x128 block tile, each
+// warp a 64x64 tile, so a k16 step's fragments feed twice the MMAs of the 32x64 warp tile (half the shared-memory
+// reads per product), in a 4-stage pipeline in dynamic shared memory; a warp skips its m16 row blocks past the
+// tile's last row. Every output is the same fixed-order sum as gemm_grouped_mma's (the same MMAs on the same
+// fragments in ascending k16 steps), so the two kernels give the same bits.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma128(float* C, int ldc, const half_t* A,
                                                                       int lda, const half_t* W, const int* tiles,
                                                                       int N, int Kd) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     half_t(*As)[BM_BIG][LDS] = reinterpret_cast<half_t(*)[BM_BIG][LDS]>(smem_raw);
     half_t(*Bs)[BN][LDS] = reinterpret_cast<half_t(*)[BN][LDS]>(smem_raw + STAGES_BIG * BM_BIG * LDS * 2);
-    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
-    const int n0 = blockIdx.y * BN;
-    const half_t* Wg = W + (long long)g * N * Kd;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = (warp >> 1) * 64, wn = (warp & 1) * 64;
-    const int live = min(4, max(0, (r1 - r0 - wm + 15) >> 4));      // this warp's m16 blocks holding rows
-    const ALoaderT<BM_BIG> al(A, lda, r0, r1, tid);
-    const int lr = tid >> 2, lc = (tid & 3) * 8;
-    const half_t* bsrc[4];
-    bool bok[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int n = n0 + lr + 32 * i;
-        bok[i] = n < N;
-        bsrc[i] = Wg + (long long)(bok[i] ? n : 0) * Kd + lc;
-    }
-    const int nk = Kd / BK;
-    auto load = [&](int stage, int kt) {
-        const int k0 = kt * BK;
-        al.load(As[stage], k0);
-#pragma unroll
-        for (int i = 0; i < 4; i++) cp_async16(&Bs[stage][lr + 32 * i][lc], bsrc[i] + k0, bok[i]);
-    };
-    float acc[4][8][4];
-    zero_acc<4>(acc);
-#pragma unroll
-    for (int s = 0; s < STAGES_BIG - 1; s++) {
-        if (s < nk) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait_stages<STAGES_BIG>();
-        __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
-        if (kt + STAGES_BIG - 1 < nk) load((kt + STAGES_BIG - 1) % STAGES_BIG, kt + STAGES_BIG - 1);
-        cp_async_commit();
-        if (live) mma_step<4>(acc, As[kt % STAGES_BIG], Bs[kt % STAGES_BIG], wm, wn, lane, live);
-    }
-    cp_async_wait_all();
-    store_acc<4>(C, ldc, acc, r0 + wm, r1, n0 + wn, N, lane);
+    gemm_tile<BM_BIG, 4, STAGES_BIG, true>(C, ldc, A, lda, W, tiles, N, Kd, As, Bs);
 }
 
 // The same product on plain fp32 cores (STRATA_GEMM=simt): a fallback and a cross-check of the MMA kernel.

@@ -66,12 +66,9 @@ struct ALoaderT {
         for (int i = 0; i < ROWS / 32; i++) cp_async16(&As[lr + 32 * i][lc], src[i] + k0, ok[i]);
     }
 };
-typedef ALoaderT<BM> ALoader;
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-// wait until at most STAGES - 2 of this thread's cp.async groups are in flight (the oldest stage has landed)
-__device__ __forceinline__ void cp_async_wait_stage() { asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2)); }
-// the same for a pipeline of S stages
+// wait until at most S - 2 of this thread's cp.async groups are in flight (the oldest of S stages has landed)
 template <int S>
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;" ::"n"(S - 2)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;"); }
