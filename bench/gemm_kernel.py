@@ -35,8 +35,8 @@ def gemm_tiles(experts: int, rows: int, bm: int = GEMM_BM) -> np.ndarray:
     """The engine's GEMM tiles (g, start, end) of `experts` experts of `rows` rows each, one after another: one launch
     group whose members all take the scratch path (few_rows 0), as ExpertRunner.tables builds them."""
     tl, cut, _, _ = group_tiles(np.full(experts, rows, np.int64), np.arange(experts, dtype=np.int64) * rows,
-                                np.zeros(1, np.int64), np.full(1, experts, np.int64), 0, ROWS_TILE, GEMM_BM,
-                                bm if bm > GEMM_BM else 0)
+                                np.zeros(1, np.int64), np.full(1, experts, np.int64), 0, ROWS_TILE,
+                                np.full(1, bm, np.int64))
     return tl[cut[1]:cut[2]]
 # (label, N, Kd): gate|up and down of qwen3-30b-a3b (D 2048, F 768) and flash-shape (D 2560, F 640)
 SHAPES = (("qwen3 gate|up", 1536, 2048), ("qwen3 down", 2048, 768),

@@ -167,6 +167,7 @@ def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed, tiles):
     from strata.accel.gpu.cuda_kernels import CudaKernels
     from strata.accel.gpu.kernels import Kernels
     from strata.accel.moe import ROWS_TILE
+    from strata.accel.rows_host import group_rows
 
     ids, resident, cpu = r
     cnt = np.bincount(ids.ravel(), minlength=resident.size)
@@ -200,7 +201,8 @@ def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed, tiles):
             return [()] * len(sets), []
 
     k, args = K(), (order_cnt, lay.starts, np.asarray(first, np.int64), np.asarray(size, np.int64))
-    offs, tiling = (0, 4000, 9000), (few_rows, ROWS_TILE) + tiles
+    bm = group_rows(args[0], args[2], args[3], few_rows, *tiles)      # each group's GEMM row tile
+    offs, tiling = (0, 4000, 9000), (few_rows, ROWS_TILE, bm)
     slot, src = lay.slot.astype(np.int32), lay.src.astype(np.int32)
     _, want_many, _ = Kernels.layer_tables(k, groups, offs, *args, tiling, None)       # the sets, as formed
     tabs, n_many, riders = CudaKernels.layer_tables(k, groups, offs, *args, tiling, None, (slot, src))

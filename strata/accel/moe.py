@@ -121,11 +121,11 @@ class ExpertRunner:
         size = np.fromiter((len(m) for m, _, _ in groups), np.int64, n_g)
         assert np.array_equal(lay.rank[[m[-1] for m, _, _ in groups]] - first, size - 1), \
             "a group must be a run of experts in row order"
-        tiling = (self.few_rows, ROWS_TILE, GEMM_BM, self.k.gemm_big_rows)
+        rows = group_rows(cnt, first, size, self.few_rows, GEMM_BM, self.k.gemm_big_rows)    # each group's row tile
         tabs, n_many, dev_riders = self.k.layer_tables(
-            [(buf, idx) for _, buf, idx in groups], self.offsets[layer], cnt, lay.starts, first, size, tiling,
-            self.dev.compute, riders)
-        rows = group_rows(cnt, first, size, self.few_rows, GEMM_BM, tiling[3]).tolist()     # as the tiles were cut
+            [(buf, idx) for _, buf, idx in groups], self.offsets[layer], cnt, lay.starts, first, size,
+            (self.few_rows, ROWS_TILE, rows), self.dev.compute, riders)
+        rows = rows.tolist()
         return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i], rows[i]) for i in range(n_g)], dev_riders
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):

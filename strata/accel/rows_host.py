@@ -63,16 +63,15 @@ def group_rows(cnt, first, size, few_rows, gemm_bm, big_bm):
 
 
 @njit(cache=True, nogil=True)
-def group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm, big_bm):
+def group_tiles(cnt, starts, first, size, few_rows, rows_tile, bm):
     """Launch groups' row tiles. cnt, starts [n] rows and first row of each position in row order; group g holds
     positions first[g] .. first[g] + size[g] - 1. An expert of at most few_rows rows takes rows_tile-row tiles
-    (g = its index among the group's members), the others tiles of the group's many_tile rows (g = its index
-    among the group's many-row members); tiles never cross experts.
+    (g = its index among the group's members), the others tiles of bm[g] rows (group_rows: the group's GEMM row
+    tile; g = its index among the group's many-row members); tiles never cross experts.
     -> (tiles [n_tiles, 3] i32 (g, start, end): per group its few-row tiles then its many-row ones; cut [2G + 1]:
     set 2g = group g's few-row tiles, set 2g + 1 its many-row ones, tiles[cut[s]:cut[s + 1]]; many [M] i64: the
     many-row members' indices into the groups' members concatenated; n_many [G])."""
     G = first.shape[0]
-    bm = group_rows(cnt, first, size, few_rows, gemm_bm, big_bm)
     n_t = 0
     n_m = 0
     for g in range(G):
@@ -123,8 +122,7 @@ def _up16(n):
 
 
 @njit(cache=True, nogil=True)
-def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, gemm_bm, big_bm, slot,
-               src):
+def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, bm, slot, src):
     """A layer's launch-group tables in CudaKernels.layer_tables' byte layout, in one pass (the whole-array numpy
     version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
     cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
@@ -134,7 +132,7 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
     offset-major [W, n_ptr] u64 | tiles i32 [n_tiles, 3] | slot | src, each 16-byte aligned]; at [2G, W + 1] u64:
     each set's W pointer tables' and its tiles' byte offsets in packed; lens [2G, 2]: its pointers and tiles;
     n_many [G]; byte offsets of slot and src)."""
-    tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, gemm_bm, big_bm)
+    tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, bm)
     G = first.shape[0]
     W = offs.shape[0]
     n_ptr = idx_all.shape[0] + many.shape[0]

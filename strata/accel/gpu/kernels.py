@@ -77,11 +77,11 @@ class Kernels(abc.ABC):
         return [tuple(dev[w * g:w * g + w]) + (len(t),) for g, t in enumerate(tiles)], dev[len(hosts):]
 
     def layer_tables(self, groups: list[tuple[object, np.ndarray]], offs: tuple[int, ...], cnt: np.ndarray,
-                     starts: np.ndarray, first: np.ndarray, size: np.ndarray, tiling: tuple[int, int, int, int], stream,
+                     starts: np.ndarray, first: np.ndarray, size: np.ndarray, tiling: tuple[int, int, np.ndarray], stream,
                      riders: tuple = ()) -> tuple[list[tuple], list[int], list]:
         """A layer's launch groups' tables in one upload (moe.ExpertRunner.tables). groups[g] = (buf, idx): group
         g's members' blobs are rows idx of buf; cnt, starts [n]: rows and first row of each expert in row order;
-        group g holds positions first[g] .. first[g] + size[g] - 1; tiling: (few_rows, rows_tile, gemm_bm, big_bm) of
+        group g holds positions first[g] .. first[g] + size[g] - 1; tiling: (few_rows, rows_tile, bm [G]) of
         rows_host.group_tiles. Returns (per set 2g: the members' tables for expert_rows, 2g + 1: the many-row
         members' for dequant / gemm, each as `expert_tables` gives it; n_many [G]; the riders on the device)."""
         tl, cut, many, n_many = group_tiles(cnt, starts, first, size, *tiling)
