@@ -91,8 +91,8 @@ def test_gemm_mma128_gives_mma_bits(devs, seed):
         w = c.asarray((rng.standard_normal((G, N, K)) / 16).astype(np.float16))
         starts = np.cumsum([0] + rows)
         big = np.array([(g, starts[g], starts[g + 1]) for g in range(G)], np.int32)
-        small = np.array([(g, r, min(r + 64, starts[g + 1])) for g in range(G) for r in range(starts[g], starts[g + 1], 64)],
-                         np.int32)
+        small = np.array([(g, r, min(r + 64, starts[g + 1])) for g in range(G)
+                          for r in range(starts[g], starts[g + 1], 64)], np.int32)
         outs = []
         for t, most in ((big, 128), (small, 64)):           # the 128-row kernel, then the 64-row one
             o = c.zeros((R, N), np.float32) + np.float32(np.nan)

@@ -88,9 +88,9 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.mod = cp.RawModule(code=dq.source("engine_kernels.cu"), options=("--std=c++17",))
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
-            "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine", "rms_norm", "rope",
-            "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm", "gemv_f16", "gemv_f32", "to_f32",
-            "pull_bytes", "sigmoid_gate", "add_f32")}
+            "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine",
+            "rms_norm", "rope", "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm",
+            "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
         big_smem(cp, self.fn["gemm_grouped_mma128"])
