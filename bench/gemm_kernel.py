@@ -70,7 +70,7 @@ class Kernel:
         fn = "gemm_grouped_mma128" if big else "gemm_grouped_mma"
         self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function(fn)
         self.bn = int(re.search(r"^#define BN (\d+)", code, re.M).group(1))
-        self.bm, self.smem = (BIG_BM, big_smem(cp, self.fn)) if big else (64, 0)
+        self.bm, self.smem = (BIG_BM, big_smem(self.fn)) if big else (GEMM_BM, 0)
 
     def __call__(self, out, a, w, tiles, n_tiles, stream):
         N, Kd = w.shape[1], w.shape[2]

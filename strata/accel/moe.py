@@ -88,7 +88,7 @@ class GroupTables:
     few: tuple
     many: tuple
     n_many: int
-    rows: int = GEMM_BM
+    rows: int
 
 
 class ExpertRunner:

@@ -13,6 +13,7 @@ import numpy as np
 from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, BlobRef, Kernels
+from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_layer
 
 OP_N, OP_T = 0, 1                   # cublasOperation_t
@@ -27,12 +28,10 @@ BIG_BM = 128                        # gemm_grouped_mma128's row tile (mma.cuh BM
 _BIG_SMEM = 4 * (BIG_BM + GEMM_BN) * 40 * 2   # its dynamic shared memory: STAGES_BIG x (BM_BIG + BN) x LDS halves
 
 
-def big_smem(cp, fn) -> int:
-    """Lets `fn` (gemm_grouped_mma128) take its dynamic shared memory, past the 48 KiB default; returns the bytes."""
-    if hasattr(fn, "max_dynamic_shared_size_bytes"):      # CuPy's RawModule hands out RawKernels
-        fn.max_dynamic_shared_size_bytes = _BIG_SMEM
-    else:
-        cp.cuda.driver.funcSetAttribute(fn.ptr, 8, _BIG_SMEM)   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+def big_smem(fn) -> int:
+    """Lets `fn` (gemm_grouped_mma128, a CuPy RawKernel) take its dynamic shared memory, past the 48 KiB default;
+    returns the bytes."""
+    fn.max_dynamic_shared_size_bytes = _BIG_SMEM
     return _BIG_SMEM
 FLASH_HD, FLASH_ROWS = ONE_PASS_HEAD_DIMS, 64   # head sizes attn_kernels.cu is built for; query rows a block
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
@@ -93,7 +92,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
             "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
-        big_smem(cp, self.fn["gemm_grouped_mma128"])
+        big_smem(self.fn["gemm_grouped_mma128"])
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
@@ -239,7 +238,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
             self.fn["gemm_grouped_simt"]((n_tiles, -(-N // 16)), (16, 16), args, stream=stream.s)
             return
         assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the mma kernels copy A rows in 16-byte chunks"
-        if max_rows is None or max_rows > 64:
+        if max_rows is None or max_rows > GEMM_BM:
             self.fn["gemm_grouped_mma128"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s,
                                            shared_mem=_BIG_SMEM)
         else:

@@ -29,7 +29,7 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     const int live = SKIP ? min(MI, max(0, (r1 - r0 - wm + 15) >> 4)) : MI;     // this warp's m16 blocks with rows
     // W loads: a stage is BN rows of 4 16-byte chunks; thread tid takes chunk tid & 3 of rows tid >> 2 (+32, +64,
     // +96). Rows past N load zeros.
-    const ALoaderT<ROWS> al(A, lda, r0, r1, tid);
+    const ALoader<ROWS> al(A, lda, r0, r1, tid);
     const int lr = tid >> 2, lc = (tid & 3) * 8;
     const half_t* bsrc[4];
     bool bok[4];

@@ -48,11 +48,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
 // The A operand's loader: a stage is the tile's ROWS rows x BK halves in 16-byte chunks by cp.async; thread tid
 // takes chunk tid & 3 of rows tid >> 2, + 32, ... (ROWS / 32 rows). Rows past r1 load zeros (and read nothing).
 template <int ROWS>
-struct ALoaderT {
+struct ALoader {
     const half_t* src[ROWS / 32];
     bool ok[ROWS / 32];
     int lr, lc;
-    __device__ __forceinline__ ALoaderT(const half_t* A, int lda, int r0, int r1, int tid)
+    __device__ __forceinline__ ALoader(const half_t* A, int lda, int r0, int r1, int tid)
         : lr(tid >> 2), lc((tid & 3) * 8) {
 #pragma unroll
         for (int i = 0; i < ROWS / 32; i++) {
