@@ -65,6 +65,9 @@ class _Arena:   # the cache reads blob(l, e) only: L layers x E experts of `nbyt
     def blob(self, l, e):
         return self.blobs[l, e]
 
+    def run(self, l, e0, e1):
+        return self.blobs[l, e0:e1]
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lent_region_refills_in_event_batches(kind):
@@ -72,7 +75,7 @@ def test_a_lent_region_refills_in_event_batches(kind):
     L, E, nbytes, slots = 3, 40, 512, 100
     arena = _Arena(dev, L, E, nbytes)
     cache = ExpertCache(dev, slots, 512, L, E)
-    order = [(l, e) for e in range(E) for l in range(L)]
+    order = [(l, e) for e in range(E) for l in range(L)]      # the uniform fill: layers alternate slot by slot
     assert cache.fill(order, arena) == slots
     lent = 70                              # 70 slots: batches of 32, 32 and 6
     region = cache.lend(lent)
@@ -80,12 +83,20 @@ def test_a_lent_region_refills_in_event_batches(kind):
     dev.h2d_rows(cache.buf, slots - lent, dev.pinned(lent * 512).reshape(lent, 512), dev.copy)  # the prompt's use
     done = dev.event()
     done.record(dev.copy)
+    copies = []
+    rows = dev.h2d_rows
+    dev.h2d_rows = lambda dst, row, src, stream: (copies.append((row, src.shape)), rows(dst, row, src, stream))
     cache.restore(arena, done)
+    dev.h2d_rows = rows
     assert len({id(ev) for ev, *_ in cache._pending}) == -(-lent // REFILL_EVENT_EVERY)
+    # the lent slots hold their experts again, sorted by (layer, expert): layer 0's 24 in one copy, layers 1 and 2
+    # (23 each) in two each, cut where an event's batch of 32 slots ends
+    back = sorted(order[slots - lent:slots])
+    assert len(copies) == 5 and sum(s[0] if len(s) == 2 else 1 for _, s in copies) == lent
     dev.synchronize()
     assert cache.poll() == 0 and cache.n_resident() == slots and cache.lent == 0
     got = _host(dev, cache.buf)
-    for s, (l, e) in enumerate(order[:slots]):
+    for s, (l, e) in enumerate(order[:slots - lent] + back):
         assert cache.slot_of[l, e] == s and (got[s] == (l * E + e) % 251).all(), f"slot {s}"
     assert region is not None
     dev.close()

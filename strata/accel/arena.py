@@ -70,6 +70,10 @@ class Arena:
     def blob(self, layer: int, e: int) -> np.ndarray:
         return self.layers[layer][e]
 
+    def run(self, layer: int, e0: int, e1: int) -> np.ndarray:
+        """Experts e0 .. e1-1 of a layer: [e1 - e0, blob_bytes], one contiguous pinned block (one copy)."""
+        return self.layers[layer][e0:e1]
+
     @property
     def max_blob_bytes(self) -> int:
         return max(self.blob_bytes)

@@ -81,16 +81,31 @@ class ExpertCache:
 
     def restore(self, arena: Arena, after_event) -> None:
         """Give the lent slots back and refill them with their experts once `after_event` (the prompt's last
-        use of the region) has completed; they become resident when the copies land (see `poll`)."""
+        use of the region) has completed; they become resident when the copies land (see `poll`).
+
+        The lent slots take their experts back sorted by (layer, expert), so neighbouring experts of a layer land
+        in neighbouring slots and each run is one copy (Device.h2d_rows). Which slot holds an expert changes
+        nothing else (slot_of is the one map). With the uniform fill a lent tail alternates layers: one copy a
+        slot, ~5 us of the engine thread's time each, 128-889 a prompt on the bench's models."""
         self.dev.copy.wait(after_event)
-        loads = [(s, *self.owner[s]) for s in range(self.n_slots - self.lent, self.n_slots) if self.owner[s]]
-        for i in range(0, len(loads), REFILL_EVENT_EVERY):
-            batch = loads[i:i + REFILL_EVENT_EVERY]
-            for s, l, e in batch:
-                self._load(s, l, e, arena)
+        lo = self.n_slots - self.lent
+        pairs = sorted(o for o in self.owner[lo:] if o is not None)
+        self.owner[lo:] = [None] * self.lent
+        for b0 in range(0, len(pairs), REFILL_EVENT_EVERY):            # one event a batch of slots
+            batch = pairs[b0:b0 + REFILL_EVENT_EVERY]
+            i = 0
+            while i < len(batch):
+                l, e0 = batch[i]
+                j = i + 1
+                while j < len(batch) and batch[j] == (l, e0 + j - i):
+                    j += 1
+                s0 = lo + b0 + i
+                self.dev.h2d_rows(self.buf, s0, arena.run(l, e0, e0 + j - i), self.dev.copy)
+                self.owner[s0:s0 + j - i] = batch[i:j]
+                i = j
             ev = self.dev.event()
             ev.record(self.dev.copy)
-            self._pending.extend((ev, *x) for x in batch)
+            self._pending.extend((ev, lo + b0 + i, l, e) for i, (l, e) in enumerate(batch))
         self.lent = 0
 
     def poll(self) -> int:
