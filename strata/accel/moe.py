@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.accel.rows_host import expert_major, group_rows
+from strata.accel.rows_host import group_rows, layout, split_routed
 from strata.policy.stream import resident_runs
 
 GEMM_BM = 64           # rows per GEMM tile (gemm_grouped_mma's block tile); a launch group whose many-row members
@@ -44,27 +44,21 @@ class RowLayout:
 
 def placement(cnt: np.ndarray, resident: np.ndarray, cpu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The routed experts (cnt [E] > 0) split into (resident, streamed, CPU), each in id order; resident [E]
-    bool, cpu: the CPU's experts. The streamed ones are the routed-only walk's queue (SPEC §3)."""
-    routed = cnt > 0
-    on_cpu = np.zeros(cnt.shape[0], bool)
-    on_cpu[list(cpu)] = True
-    return (np.flatnonzero(routed & resident), np.flatnonzero(routed & ~resident & ~on_cpu),
-            np.flatnonzero(routed & on_cpu))
+    bool, cpu: the CPU's experts. The streamed ones are the routed-only walk's queue (SPEC §3).
+    One compiled pass (rows_host.split_routed)."""
+    on_cpu = np.zeros(cnt.shape[0], np.bool_)
+    if len(cpu):
+        on_cpu[np.asarray(cpu, np.int64)] = True
+    return split_routed(cnt, resident, on_cpu)
 
 
 def row_layout(ids: np.ndarray, cnt: np.ndarray, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowLayout:
     """ids [T, K]; cnt [E] tokens per expert (bincount of ids); parts: placement()'s (resident, streamed, CPU).
     Row r of an expert's block holds its r-th token in order (rows_host.expert_major: a stable counting sort)."""
     T, K = ids.shape
-    n_expert = cnt.shape[0]
     res, strm, cpu_ids = parts
-    order = np.concatenate([res, strm, cpu_ids]).astype(np.int64)
-    rank = np.full(n_expert, -1, np.int64)
-    rank[order] = np.arange(order.size)
-    src, slot, starts = expert_major(np.ascontiguousarray(ids, np.int32).reshape(-1), rank,
-                                     cnt[order].astype(np.int64), K)
-    off = np.zeros(n_expert, np.int64)
-    off[order] = starts
+    order, rank, off, src, slot, starts = layout(np.ascontiguousarray(ids, np.int32).reshape(-1), cnt,
+                                                 res, strm, cpu_ids, K)
     return RowLayout(ids, order, off, cnt, src, slot.reshape(T, K),
                      res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
 
