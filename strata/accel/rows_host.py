@@ -179,14 +179,15 @@ def _up16(n):
 
 
 @njit(cache=True, nogil=True)
-def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, bm, slot, src):
+def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, bm, slot, src, out):
     """A layer's launch-group tables in CudaKernels.layer_tables' byte layout, in one pass (the whole-array numpy
     version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
     cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
     the groups' members concatenated; ptr0, stride [G] u64: each group buffer's address and row stride; offs [W]
     u64: byte offsets into a blob; slot, src: the row tables (int32 riders).
-    Sets: 2g = group g's members (few-row tables), 2g + 1 its many-row members. -> (packed u8: [pointer tables
-    offset-major [W, n_ptr] u64 | tiles i32 [n_tiles, 3] | slot | src, each 16-byte aligned]; at [2G, W + 1] u64:
+    Sets: 2g = group g's members (few-row tables), 2g + 1 its many-row members. Writes into out (u8, at least
+    pack_bound bytes: the staging ring's pinned bytes) [pointer tables offset-major [W, n_ptr] u64 | tiles i32
+    [n_tiles, 3] | slot | src, each 16-byte aligned] -> (bytes written; at [2G, W + 1] u64:
     each set's W pointer tables' and its tiles' byte offsets in packed; lens [2G, 2]: its pointers and tiles;
     n_many [G]; byte offsets of slot and src)."""
     tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, bm)
@@ -221,7 +222,9 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
     t_end = t0 + tl.size * 4
     s_at = _up16(t_end)
     r_at = s_at + _up16(slot.size * 4)
-    packed = np.empty(r_at + _up16(src.size * 4), np.uint8)
+    need = r_at + _up16(src.size * 4)
+    assert need <= out.shape[0], "pack_layer's output is smaller than pack_bound"
+    packed = out[:need]
     ptrs = packed[:t0].view(np.uint64)
     for w in range(W):
         for i in range(n_ptr):
@@ -237,4 +240,10 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
         at[q, W] = t0 + 12 * t_at[q]
         lens[q, 0] = p_len[q]
         lens[q, 1] = t_len[q]
-    return packed, at, lens, n_many, s_at, r_at
+    return need, at, lens, n_many, s_at, r_at
+
+
+def pack_bound(W: int, members: int, rows: int, n_slot: int, n_src: int) -> int:
+    """Bytes pack_layer may write for `members` group members of `rows` rows in all, W blob offsets and the
+    riders' sizes: each member's pointers in both of its sets, a tile a row at most, the alignment pads."""
+    return W * 2 * members * 8 + 12 * rows + 4 * (n_slot + n_src) + 64

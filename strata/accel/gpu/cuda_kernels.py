@@ -14,7 +14,7 @@ from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, BlobRef, Kernels
 from strata.accel.moe import GEMM_BM
-from strata.accel.rows_host import pack_layer
+from strata.accel.rows_host import pack_bound, pack_layer
 
 OP_N, OP_T = 0, 1                   # cublasOperation_t
 R_16F, R_32F = 2, 0                 # cudaDataType
@@ -47,10 +47,11 @@ class _Staging:
         self.base, self.dbase = self.buf.ctypes.data, self.dbuf.data.ptr
         self.inflight: collections.deque = collections.deque()     # (start, end, event), allocation order
 
-    def put(self, host: np.ndarray) -> int:
-        """Copy `host` (contiguous) into the ring; its offset (device twin: the same)."""
-        n = -(-max(host.nbytes, 1) // 256) * 256
-        assert n <= self.buf.nbytes, f"a table of {host.nbytes} bytes exceeds the staging ring"
+    def reserve(self, nbytes: int) -> int:
+        """The offset of `nbytes` free bytes (256-byte aligned), once no copy in flight still reads them; `pos`
+        moves past them only with `take` (a caller may write fewer than it reserved)."""
+        n = -(-max(nbytes, 1) // 256) * 256
+        assert n <= self.buf.nbytes, f"a table of {nbytes} bytes exceeds the staging ring"
         if self.pos + n > self.buf.nbytes:
             self.pos = 0
         start, end = self.pos, self.pos + n
@@ -59,8 +60,17 @@ class _Staging:
             if not q[0][2].done:
                 q[0][2].synchronize()                      # the ring came round to a copy still in flight
             q.popleft()
+        return start
+
+    def take(self, start: int, nbytes: int) -> None:
+        """Bytes [start, start + nbytes) of the last reservation are written: the next one starts after them."""
+        self.pos = start + -(-max(nbytes, 1) // 256) * 256
+
+    def put(self, host: np.ndarray) -> int:
+        """Copy `host` (contiguous) into the ring; its offset (device twin: the same)."""
+        start = self.reserve(host.nbytes)
         self.buf[start:start + host.nbytes] = host.reshape(-1).view(np.uint8)
-        self.pos = end
+        self.take(start, host.nbytes)
         return start
 
     def done(self, start: int, nbytes: int, stream) -> None:
@@ -115,13 +125,24 @@ class CudaKernels(CudaDecodeKernels, Kernels):
     def _pull(self, host: np.ndarray, stream) -> int:
         """`upload`'s copy, by offsets alone: host (contiguous) lands at dbuf[off:], off returned. No CuPy view is
         made (each costs ~10 us of a host-bound prompt layer's time; layer_tables wants the address only)."""
+        off = self.staging.put(host)
+        self._send(off, host.nbytes, stream)
+        return off
+
+    def _room(self, nbytes: int) -> tuple[int, np.ndarray]:
+        """Room for up to `nbytes` in the pinned staging ring, to be written in place: (offset, its bytes)."""
         st = self.staging
-        off = st.put(host)
-        n16 = -(-max(host.nbytes, 1) // 16)        # regions are 256-byte aligned and padded: whole uint4s
+        off = st.reserve(nbytes)
+        return off, st.buf[off:off + nbytes]
+
+    def _send(self, off: int, nbytes: int, stream) -> None:
+        """The staging ring's bytes [off, off + nbytes), written, to the device twin: the pull kernel on `stream`."""
+        st = self.staging
+        st.take(off, nbytes)
+        n16 = -(-max(nbytes, 1) // 16)             # regions are 256-byte aligned and padded: whole uint4s
         self.fn["pull_bytes"]((min(-(-n16 // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
                               (np.uint64(st.dbase + off), np.uint64(st.base + off), np.int64(n16)), stream=stream.s)
-        st.done(off, host.nbytes, stream)
-        return off
+        st.done(off, nbytes, stream)
 
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]
@@ -148,10 +169,15 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         idx_all = np.concatenate([np.asarray(i, np.int64) for _, i in groups])
         slot, src = riders or (np.zeros(0, np.int32),) * 2
         assert slot.dtype == np.int32 and src.dtype == np.int32, "riders are int32 row tables"
-        packed, at, lens, n_many, s_at, r_at = pack_layer(
-            cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src)
-        dev = self.staging.dbase + self._pull(packed, stream)
         W = len(offs)
+        # packed straight into the staging ring's pinned bytes: a packed array of its own (~100 KB at 1,280 tokens,
+        # with the row tables) cost an allocation and a second copy, ~35 us a layer (lines_q8_stop33.log)
+        off, room = self._room(pack_bound(W, idx_all.size, int(starts[-1] + cnt[-1]) if cnt.size else 0,
+                                          slot.size, src.size))
+        used, at, lens, n_many, s_at, r_at = pack_layer(
+            cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src, room)
+        self._send(off, used, stream)
+        dev = self.staging.dbase + off
         # per set: (W pointer tables, tiles table) as (address, length) tuples, then its tile count
         tabs = [tuple(zip(a, (n,) * W + (nt,))) + (nt,) for a, (n, nt) in zip((at + np.uint64(dev)).tolist(),
                                                                               lens.tolist())]
