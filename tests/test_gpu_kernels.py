@@ -214,6 +214,30 @@ def test_attention(devs, pos0, T, hd, Hkv):
     close(c.tohost(out_s), out_h, 3e-3)
 
 
+# g = H / Hkv of 1, 4 and 8 (qwen3's); blocks of 128 rows ending inside a warp's rows or a query's heads; keys
+# ending inside and at the end of a 32-key half; contexts of one step and of many
+@pytest.mark.parametrize("pos0,T,hd,H,Hkv", [(0, 9, 64, 8, 2), (0, 150, 128, 8, 2), (40, 150, 128, 8, 8),
+                                             (70, 65, 64, 8, 2), (0, 300, 128, 32, 4), (1000, 77, 128, 32, 4),
+                                             (95, 33, 64, 4, 4), (0, 1, 128, 32, 4)])
+def test_attention_w32_gives_the_16_row_bits(devs, pos0, T, hd, H, Hkv, monkeypatch):
+    """flash_attention_w32 (32 query rows a warp, 128 a block) against flash_attention (16 a warp, 64 a block):
+    the same bits, so prompt and decode keep one arithmetic whichever runs."""
+    c, _ = devs
+    rng = np.random.default_rng(pos0 + T + hd)
+    S = pos0 + T + 3
+    q = c.asarray((rng.standard_normal((T, H, hd)) * 2).astype(np.float32))
+    kc = c.asarray(rng.standard_normal((S, Hkv, hd)).astype(np.float16))
+    vc = c.asarray(rng.standard_normal((S, Hkv, hd)).astype(np.float16))
+    outs = []
+    for rows in (64, 128):
+        monkeypatch.setattr(c.k, "attn_rows", rows)
+        out = c.zeros((T, H * hd), np.float32) + np.float32(np.nan)
+        c.k.attention(out, q, kc, vc, pos0, None, c.compute)
+        outs.append(c.tohost(out))
+    assert np.isfinite(outs[1]).all(), "a row the 128-row blocks leave unwritten"
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
 @pytest.mark.parametrize("T", [13, 3, 1])       # cuBLAS, and the decode GEMV (T <= 8)
 @pytest.mark.parametrize("K", [96, 100, 2056])  # the GEMV's 8-wide loads (K % 8 == 0) and its scalar path
 def test_linear(devs, T, K):

@@ -33,7 +33,24 @@ def big_smem(fn) -> int:
     returns the bytes."""
     fn.max_dynamic_shared_size_bytes = _BIG_SMEM
     return _BIG_SMEM
-FLASH_HD, FLASH_ROWS = ONE_PASS_HEAD_DIMS, 64   # head sizes attn_kernels.cu is built for; query rows a block
+FLASH_HD = ONE_PASS_HEAD_DIMS     # head sizes attn_kernels.cu is built for
+
+
+W32_WAVES = 4   # launches of at least this many waves of 128-row blocks (2 a multiprocessor) take them
+
+
+def attn_block_rows(M: int, Hkv: int, sms: int) -> int:
+    """Query rows a prompt attention block takes for M rows a kv head: 128 (flash_attention_w32) where its blocks
+    fill W32_WAVES waves of the GPU, else 64. On the H200 (bench/results/h200/attn_w32_stop33.log) the 32-row warps
+    were 1.044x on qwen3's resident 8K prompt (2,048 blocks of 128 rows) but 0.94-0.97x alone on its 1,280-token
+    chunks (320 blocks, uneven causal work in ~1.2 waves) and 0.99x on its 2K prompt (512 blocks)."""
+    return 128 if -(-M // 128) * Hkv >= W32_WAVES * 2 * sms else 64
+
+
+def _w32_smem(hd: int) -> int:
+    """flash_attention_w32's dynamic shared memory: Q (FB_ROWS rows), K and V (FA_KEYS rows each), rows of hd + 8
+    halves."""
+    return (128 + 64 + 64) * (hd + 8) * 2
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
@@ -107,6 +124,10 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self._dq_plans: dict = {}
         self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
         self._afn = None                                         # attn_kernels.cu, compiled on first use
+        # query rows a prompt attention block takes: 128 (4 warps of 32, flash_attention_w32) or 64 (4 of 16), the
+        # same bits (test_attention_w32_gives_the_16_row_bits); None: attn_block_rows chooses by the launch's size
+        self.attn_rows = None
+        self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
@@ -372,8 +393,8 @@ class CudaKernels(CudaDecodeKernels, Kernels):
                             stream=stream.s)
 
     def attention(self, out, q, kc, vc, pos0, scratch, stream):
-        """One pass over the keys with scores in registers (attn_kernels.cu) for head sizes FLASH_HD; else
-        query blocks through cuBLAS with their scores in `scratch`."""
+        """Scores in registers (attn_kernels.cu: two passes, blocks of attn_rows query rows) for head sizes
+        FLASH_HD; else query blocks through cuBLAS with their scores in `scratch`."""
         T, H, hd = q.shape
         if hd not in FLASH_HD:
             return self._attention_blocked(out, q, kc, vc, pos0, scratch, stream)
@@ -381,11 +402,15 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         Hkv = kc.shape[1]
         if self._afn is None:
             mod = self.cp.RawModule(code=dq.source("attn_kernels.cu"), options=("--std=c++17",))
-            self._afn = {d: mod.get_function(f"flash_attention_{d}") for d in FLASH_HD}
+            self._afn = {(d, rows): mod.get_function(f"flash_attention_{'w32_' if rows == 128 else ''}{d}")
+                         for d in FLASH_HD for rows in (64, 128)}
+            for d in FLASH_HD:
+                self._afn[d, 128].max_dynamic_shared_size_bytes = _w32_smem(d)
         M = T * (H // Hkv)
-        self._afn[hd]((-(-M // FLASH_ROWS), Hkv), (128,), (out, q, kc, vc, np.int32(T), np.int32(H), np.int32(Hkv),
+        rows = self.attn_rows or attn_block_rows(M, Hkv, self.sms)
+        self._afn[hd, rows]((-(-M // rows), Hkv), (128,), (out, q, kc, vc, np.int32(T), np.int32(H), np.int32(Hkv),
                                                           np.int32(pos0), np.float32(1.0 / np.sqrt(hd))),
-                      stream=stream.s)
+                            stream=stream.s, shared_mem=_w32_smem(hd) if rows == 128 else 0)
 
     def _attention_blocked(self, out, q, kc, vc, pos0, scratch, stream):
         """Query blocks through cuBLAS: scores = Q·Kᵀ per kv head (its g query heads as rows), masked softmax,

@@ -173,6 +173,216 @@ __device__ __forceinline__ void flash_attention(float* out, const float* q, cons
     }
 }
 
+// The same attention with 32 query rows a warp (two m16 blocks, 128 rows a block): each K or V fragment loaded from
+// shared memory feeds both blocks' MMAs, two thirds of the 16-row kernel's shared-memory reads a product, and a
+// block loads each key step once for 128 rows. Every output keeps the 16-row kernel's bits: pass 1 takes the same
+// 64-key steps (each row's max and sum in the same order; steps past a row's last key are fully masked, exact
+// no-ops); pass 2 takes 32 keys at a time, which leaves each row's P·V the same MMAs in ascending k16 order. Q sits
+// in registers for pass 1 and is read from shared memory in pass 2, where the two blocks' accumulators need the
+// registers.
+#define FB_ROWS 128     // rows a block: 4 warps of 32
+#define FB_HALF 32      // pass 2's keys a sub-step
+
+template <int HD>
+__device__ __forceinline__ void flash_attention_w32(float* out, const float* q, const half_t* kc, const half_t* vc,
+                                                    int T, int H, int Hkv, int pos0, float scale) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) unsigned char fb_smem[];
+    half_t (*Qs)[LD] = reinterpret_cast<half_t (*)[LD]>(fb_smem);                      // [FB_ROWS][LD]
+    half_t (*Ks)[LD] = Qs + FB_ROWS;                                                    // [FA_KEYS][LD]
+    half_t (*Vs)[LD] = Ks + FA_KEYS;                                                    // [FA_KEYS][LD]
+    const int j = blockIdx.y, g = H / Hkv, M = T * g, m0 = blockIdx.x * FB_ROWS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const long long ldk = (long long)Hkv * HD;
+    for (int i = tid; i < FB_ROWS * HD; i += FA_THREADS) {
+        const int r = i / HD, d = i % HD, m = m0 + r;
+        float v = 0.f;
+        if (m < M) v = q[((long long)(m / g) * H + j * g + m % g) * HD + d];
+        Qs[r][d] = f2h(v);
+    }
+    __syncthreads();
+    // this thread's rows: block b of the warp's two, rows gid (a) and gid + 8 (b) of it
+    int ra[2], rb[2], la[2], lb[2];
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+        ra[b] = m0 + warp * 32 + b * 16 + gid;
+        rb[b] = ra[b] + 8;
+        la[b] = pos0 + min(ra[b], M - 1) / g;
+        lb[b] = pos0 + min(rb[b], M - 1) / g;
+    }
+    const int last = pos0 + (min(m0 + FB_ROWS, M) - 1) / g;
+    float mx_a[2], mx_b[2], l_a[2], l_b[2];
+    {   // pass 1, 64-key steps as flash_attention's: each row's max and sum of exp(score - max)
+        u32 qf[2][HD / 16][4];
+#pragma unroll
+        for (int b = 0; b < 2; b++)
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                ldmatrix_x4(qf[b][kk], &Qs[warp * 32 + b * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+        for (int b = 0; b < 2; b++) mx_a[b] = mx_b[b] = FA_NEG_INF, l_a[b] = l_b[b] = 0.f;
+        float sc[2][FA_KEYS / 8][4];
+        for (int k0 = 0; k0 <= last; k0 += FA_KEYS) {
+            __syncthreads();
+            load_keys<HD, LD>(Ks, kc, ldk, j, k0, last, tid);
+            cp_async_wait_all();
+            __syncthreads();
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int n = 0; n < FA_KEYS / 8; n++) sc[b][n][0] = sc[b][n][1] = sc[b][n][2] = sc[b][n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int n = 0; n < FA_KEYS / 8; n += 2) {
+                    u32 r[4];
+                    ldmatrix_x4(r, &Ks[n * 8 + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
+                    const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        mma16816(sc[b][n], qf[b][kk], b0);
+                        mma16816(sc[b][n + 1], qf[b][kk], b1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+#pragma unroll
+                for (int n = 0; n < FA_KEYS / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int s = k0 + n * 8 + t4 * 2 + e;
+                        sc[b][n][e] = s <= la[b] ? sc[b][n][e] * scale : FA_NEG_INF;
+                        sc[b][n][2 + e] = s <= lb[b] ? sc[b][n][2 + e] * scale : FA_NEG_INF;
+                    }
+                float nm_a = mx_a[b], nm_b = mx_b[b];
+#pragma unroll
+                for (int n = 0; n < FA_KEYS / 8; n++) {
+                    nm_a = fmaxf(nm_a, fmaxf(sc[b][n][0], sc[b][n][1]));
+                    nm_b = fmaxf(nm_b, fmaxf(sc[b][n][2], sc[b][n][3]));
+                }
+#pragma unroll
+                for (int x = 1; x < 4; x <<= 1) {
+                    nm_a = fmaxf(nm_a, __shfl_xor_sync(0xffffffffu, nm_a, x));
+                    nm_b = fmaxf(nm_b, __shfl_xor_sync(0xffffffffu, nm_b, x));
+                }
+                float sa = 0.f, sb = 0.f;
+#pragma unroll
+                for (int n = 0; n < FA_KEYS / 8; n++) {
+                    sa += expf(sc[b][n][0] - nm_a) + expf(sc[b][n][1] - nm_a);
+                    sb += expf(sc[b][n][2] - nm_b) + expf(sc[b][n][3] - nm_b);
+                }
+                l_a[b] = l_a[b] * expf(mx_a[b] - nm_a) + sa;
+                l_b[b] = l_b[b] * expf(mx_b[b] - nm_b) + sb;
+                mx_a[b] = nm_a, mx_b[b] = nm_b;
+            }
+        }
+    }
+    float ia[2], ib[2];
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            l_a[b] += __shfl_xor_sync(0xffffffffu, l_a[b], x);
+            l_b[b] += __shfl_xor_sync(0xffffffffu, l_b[b], x);
+        }
+        ia[b] = 1.f / l_a[b], ib[b] = 1.f / l_b[b];
+    }
+    // pass 2: 64 keys loaded a step, taken 32 at a time: P = exp(score - max) / sum rounded to fp16, O += P·V
+    float o[2][HD / 8][4];
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) o[b][n][0] = o[b][n][1] = o[b][n][2] = o[b][n][3] = 0.f;
+    for (int k0 = 0; k0 <= last; k0 += FA_KEYS) {
+        __syncthreads();
+        load_keys<HD, LD>(Ks, kc, ldk, j, k0, last, tid);
+        load_keys<HD, LD>(Vs, vc, ldk, j, k0, last, tid);
+        asm volatile("cp.async.wait_group 1;");                        // K landed (V may still be in flight)
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < FA_KEYS / FB_HALF; h++) {
+            if (k0 + h * FB_HALF > last) break;                        // every row's keys end before this half
+            float sc[2][FB_HALF / 8][4];
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int n = 0; n < FB_HALF / 8; n++) sc[b][n][0] = sc[b][n][1] = sc[b][n][2] = sc[b][n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                u32 qa[2][4];
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+                    ldmatrix_x4(qa[b], &Qs[warp * 32 + b * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+                for (int n = 0; n < FB_HALF / 8; n += 2) {
+                    u32 r[4];
+                    ldmatrix_x4(r, &Ks[h * FB_HALF + n * 8 + (lane & 7) + (lane >> 4) * 8]
+                                      [kk * 16 + ((lane >> 3) & 1) * 8]);
+                    const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        mma16816(sc[b][n], qa[b], b0);
+                        mma16816(sc[b][n + 1], qa[b], b1);
+                    }
+                }
+            }
+            u32 pf[2][FB_HALF / 16][4];
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int n = 0; n < FB_HALF / 8; n++) {
+                    float v[4];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int s = k0 + h * FB_HALF + n * 8 + t4 * 2 + e;
+                        v[e] = s <= la[b] ? sc[b][n][e] * scale : FA_NEG_INF;
+                        v[2 + e] = s <= lb[b] ? sc[b][n][2 + e] * scale : FA_NEG_INF;
+                    }
+                    pf[b][n / 2][(n & 1) * 2] =
+                        (u32)f2h(expf(v[0] - mx_a[b]) * ia[b]) | ((u32)f2h(expf(v[1] - mx_a[b]) * ia[b]) << 16);
+                    pf[b][n / 2][(n & 1) * 2 + 1] =
+                        (u32)f2h(expf(v[2] - mx_b[b]) * ib[b]) | ((u32)f2h(expf(v[3] - mx_b[b]) * ib[b]) << 16);
+                }
+            if (h == 0) {
+                cp_async_wait_all();                                   // V landed
+                __syncthreads();
+            }
+#pragma unroll
+            for (int kk = 0; kk < FB_HALF / 16; kk++) {
+#pragma unroll
+                for (int n = 0; n < HD / 8; n += 2) {
+                    u32 r[4];
+                    ldmatrix_x4_trans(r, &Vs[h * FB_HALF + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8]
+                                            [(n + (lane >> 4)) * 8]);
+                    const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        mma16816(o[b][n], pf[b][kk], b0);
+                        mma16816(o[b][n + 1], pf[b][kk], b1);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const int d = n * 8 + t4 * 2;
+            if (ra[b] < M) {
+                float* dst = out + ((long long)(ra[b] / g) * H + j * g + ra[b] % g) * HD + d;
+                dst[0] = o[b][n][0];
+                dst[1] = o[b][n][1];
+            }
+            if (rb[b] < M) {
+                float* dst = out + ((long long)(rb[b] / g) * H + j * g + rb[b] % g) * HD + d;
+                dst[0] = o[b][n][2];
+                dst[1] = o[b][n][3];
+            }
+        }
+}
+
 #define STRATA_FLASH(hd)                                                                                         \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                                     \
         flash_attention_##hd(float* out, const float* q, const half_t* kc, const half_t* vc, int T, int H,      \
@@ -182,3 +392,13 @@ __device__ __forceinline__ void flash_attention(float* out, const float* q, cons
 
 STRATA_FLASH(64)
 STRATA_FLASH(128)
+
+#define STRATA_FLASH_W32(hd)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                                     \
+        flash_attention_w32_##hd(float* out, const float* q, const half_t* kc, const half_t* vc, int T, int H,  \
+                                 int Hkv, int pos0, float scale) {                                               \
+        flash_attention_w32<hd>(out, q, kc, vc, T, H, Hkv, pos0, scale);                                         \
+    }
+
+STRATA_FLASH_W32(64)
+STRATA_FLASH_W32(128)
