@@ -1,7 +1,7 @@
-"""Which prompt attention kernel a launch takes (cuda_kernels.attn_block_rows): 128-row blocks (32 rows a warp) where
+"""Which prompt attention kernel a launch takes (cuda_attn.attn_block_rows): 128-row blocks (32 rows a warp) where
 they fill W32_WAVES waves of the GPU, 64-row blocks below; both give the same bits (test_gpu_kernels.py)."""
 
-from strata.accel.gpu.cuda_kernels import W32_WAVES, attn_block_rows
+from strata.accel.gpu.cuda_attn import W32_WAVES, attn_block_rows
 
 H200_SMS = 132
 

@@ -1,5 +1,6 @@
 """The kernel set on CUDA: CuPy raw kernels (cuda/engine_kernels.cu, cuda/dequant_*.cuh) and cuBLAS through
-CuPy's bindings for the dense products and attention (see kernels.py for each contract).
+CuPy's bindings for the dense products (see kernels.py for each contract); the prompt attention is cuda_attn.py's,
+the decode graph's kernels cuda_decode.py's.
 
 Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6).
 """
@@ -11,15 +12,13 @@ import collections
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
+from strata.accel.gpu.blas_enums import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16F, R_32F
+from strata.accel.gpu.cuda_attn import CudaAttentionKernels
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
-from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, BlobRef, Kernels
+from strata.accel.gpu.kernels import BlobRef, Kernels
 from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
 
-OP_N, OP_T = 0, 1                   # cublasOperation_t
-R_16F, R_32F = 2, 0                 # cudaDataType
-COMPUTE_32F = 68                    # cublasComputeType_t CUBLAS_COMPUTE_32F
-GEMM_DEFAULT = -1
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
@@ -33,27 +32,6 @@ def big_smem(fn) -> int:
     returns the bytes."""
     fn.max_dynamic_shared_size_bytes = _BIG_SMEM
     return _BIG_SMEM
-FLASH_HD = ONE_PASS_HEAD_DIMS     # head sizes attn_kernels.cu is built for
-
-
-W32_WAVES = 4   # launches of at least this many waves of 128-row blocks (2 a multiprocessor) take them
-
-
-def attn_block_rows(M: int, Hkv: int, sms: int) -> int:
-    """Query rows a prompt attention block takes for M rows a kv head: 128 (flash_attention_w32) where its blocks
-    fill W32_WAVES waves of the GPU, else 64. On the H200 (bench/results/h200/attn_w32_stop33.log) the 32-row warps
-    were 1.044x on qwen3's resident 8K prompt (2,048 blocks of 128 rows) but 0.94-0.97x alone on its 1,280-token
-    chunks (320 blocks, uneven causal work in ~1.2 waves) and 0.99x on its 2K prompt (512 blocks)."""
-    return 128 if -(-M // 128) * Hkv >= W32_WAVES * 2 * sms else 64
-
-
-def _w32_smem(hd: int) -> int:
-    """flash_attention_w32's dynamic shared memory: Q (FB_ROWS rows), K and V (FA_KEYS rows each), rows of hd + 8
-    halves."""
-    return (128 + 64 + 64) * (hd + 8) * 2
-ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
-
-
 class _Staging:
     """A pinned ring for small host tables. Uploads take consecutive bytes; a region is written again only once
     the copy that last read it has completed (the oldest in-flight uploads are checked first, in ring order)."""
@@ -103,7 +81,7 @@ def _tab_ptr(t):
     return np.uint64(t[0]) if isinstance(t, tuple) else t
 
 
-class CudaKernels(CudaDecodeKernels, Kernels):
+class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
     def __init__(self, dev, gemm: str = "mma"):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp
@@ -123,11 +101,7 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
-        self._afn = None                                         # attn_kernels.cu, compiled on first use
-        # query rows a prompt attention block takes: 128 (4 warps of 32, flash_attention_w32) or 64 (4 of 16), the
-        # same bits (test_attention_w32_gives_the_16_row_bits); None: attn_block_rows chooses by the launch's size
-        self.attn_rows = None
-        self.sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self._init_attention()
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
 
@@ -391,71 +365,6 @@ class CudaKernels(CudaDecodeKernels, Kernels):
         off = pos0 * kc.shape[1] * kc.shape[2]
         self.fn["kv_store"]((min(4096, -(-n // 256)),), (256,), (kc, vc, k, v, np.int64(off), np.int64(n)),
                             stream=stream.s)
-
-    def attention(self, out, q, kc, vc, pos0, scratch, stream):
-        """Scores in registers (attn_kernels.cu: two passes, blocks of attn_rows query rows) for head sizes
-        FLASH_HD; else query blocks through cuBLAS with their scores in `scratch`."""
-        T, H, hd = q.shape
-        if hd not in FLASH_HD:
-            return self._attention_blocked(out, q, kc, vc, pos0, scratch, stream)
-        assert q.flags.c_contiguous and out.flags.c_contiguous and kc.flags.c_contiguous and vc.flags.c_contiguous
-        Hkv = kc.shape[1]
-        if self._afn is None:
-            mod = self.cp.RawModule(code=dq.source("attn_kernels.cu"), options=("--std=c++17",))
-            self._afn = {(d, rows): mod.get_function(f"flash_attention_{'w32_' if rows == 128 else ''}{d}")
-                         for d in FLASH_HD for rows in (64, 128)}
-            for d in FLASH_HD:
-                self._afn[d, 128].max_dynamic_shared_size_bytes = _w32_smem(d)
-        M = T * (H // Hkv)
-        rows = self.attn_rows or attn_block_rows(M, Hkv, self.sms)
-        self._afn[hd, rows]((-(-M // rows), Hkv), (128,), (out, q, kc, vc, np.int32(T), np.int32(H), np.int32(Hkv),
-                                                          np.int32(pos0), np.float32(1.0 / np.sqrt(hd))),
-                            stream=stream.s, shared_mem=_w32_smem(hd) if rows == 128 else 0)
-
-    def _attention_blocked(self, out, q, kc, vc, pos0, scratch, stream):
-        """Query blocks through cuBLAS: scores = Q·Kᵀ per kv head (its g query heads as rows), masked softmax,
-        P·V, each block sized so its score buffers fit `scratch`."""
-        cb = self.cublas
-        T, H, hd = q.shape
-        Hkv = kc.shape[1]
-        g = H // Hkv
-        S_all = pos0 + T
-        per_q = H * (hd * 2 + S_all * 4 + S_all * 2 + hd * 4) + 1024
-        Tq = max(1, min(T, scratch.nbytes // per_q))
-        s = stream.s
-        scale = np.float32(1.0 / np.sqrt(hd))
-        assert per_q <= scratch.nbytes, f"attention needs {per_q} scratch bytes per query, has {scratch.nbytes}"
-        ldk = Hkv * hd
-
-        def carve(off, n, dtype):       # a typed view of the scratch bytes [off, off + n·itemsize)
-            nb = n * np.dtype(dtype).itemsize
-            return scratch[off:off + nb].view(dtype), off + (nb + 255) // 256 * 256
-
-        for q0 in range(0, T, Tq):
-            tq = min(Tq, T - q0)
-            S = pos0 + q0 + tq                                        # keys any query of the block may see
-            M = tq * g
-            n = Hkv * M * hd
-            qp, off = carve(0, n, np.float16)                          # [Hkv][M][hd]
-            sc, off = carve(off, Hkv * M * S, np.float32)              # [Hkv][M][S]
-            pp, off = carve(off, Hkv * M * S, np.float16)
-            oo, off = carve(off, n, np.float32)                        # [Hkv][M][hd]
-            grid = (min(4096, -(-n // 256)),)
-            self.fn["attn_qperm"](grid, (256,), (qp, q, np.int32(q0), np.int32(tq), np.int32(H), np.int32(Hkv),
-                                                 np.int32(hd)), stream=s)
-            cb.setStream(self.handle, s.ptr)
-            cb.gemmStridedBatchedEx(self.handle, OP_T, OP_N, S, M, hd, self._one.ctypes.data,
-                                    kc.data.ptr, R_16F, ldk, hd, qp.data.ptr, R_16F, hd, M * hd,
-                                    self._zero.ctypes.data, sc.data.ptr, R_32F, S, M * S, Hkv, COMPUTE_32F,
-                                    GEMM_DEFAULT)
-            self.fn["attn_softmax"]((Hkv * M,), (128,), (pp, sc, np.int32(M), np.int32(S), np.int32(g),
-                                                         np.int32(pos0 + q0), scale), stream=s)
-            cb.gemmStridedBatchedEx(self.handle, OP_N, OP_N, hd, M, S, self._one.ctypes.data,
-                                    vc.data.ptr, R_16F, ldk, hd, pp.data.ptr, R_16F, S, M * S,
-                                    self._zero.ctypes.data, oo.data.ptr, R_32F, hd, M * hd, Hkv, COMPUTE_32F,
-                                    GEMM_DEFAULT)
-            self.fn["attn_operm"](grid, (256,), (out, oo, np.int32(q0), np.int32(tq), np.int32(H),
-                                                 np.int32(Hkv), np.int32(hd)), stream=s)
 
     def router(self, ids, w, logits, k, renorm, stream):
         T, E = logits.shape
