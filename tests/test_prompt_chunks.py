@@ -73,8 +73,8 @@ def test_a_chunks_copies_wait_for_the_last_chunks_compute():
         log, keep = [], []
         new_event = dev.event
 
-        def event():
-            ev = new_event()
+        def event(timing=True):
+            ev = new_event(timing)
             keep.append(ev)
             rec = ev.record
             ev.record = lambda stream, ev=ev, rec=rec: (log.append(("record", id(ev), stream is dev.compute)),

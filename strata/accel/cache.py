@@ -103,7 +103,7 @@ class ExpertCache:
                 self.dev.h2d_rows(self.buf, s0, arena.run(l, e0, e0 + j - i), self.dev.copy)
                 self.owner[s0:s0 + j - i] = batch[i:j]
                 i = j
-            ev = self.dev.event()
+            ev = self.dev.event(timing=False)
             ev.record(self.dev.copy)
             self._pending.extend((ev, lo + b0 + i, l, e) for i, (l, e) in enumerate(batch))
         self.lent = 0
@@ -142,7 +142,7 @@ class ExpertCache:
                 self.version += 1
             self.owner[s] = None
             self._load(s, m.layer, m.expert, arena)
-            ev = self.dev.event()
+            ev = self.dev.event(timing=False)
             ev.record(self.dev.copy)
             self._pending.append((ev, s, m.layer, m.expert))
             done += 1

@@ -70,7 +70,7 @@ class DecodeGraph:
         self.resident = None             # [L, E] bool: residency as the last step ran
         self.graph = None
         self.logits = None               # the captured step's output [1, V] (device)
-        self.done = dev.event()
+        self.done = dev.event(timing=False)
         self.fuse_glu = True             # the down GEMV computes SwiGLU as it stages its rows; off: a swiglu launch
 
     def launch(self, token: int, pos: int) -> None:

@@ -122,7 +122,7 @@ class DeviceOps:
         self.embd_on_device = dev.kind != "cuda" or self.embd_type in F32_EXACT
         self.embd_row = self.embd_view.shape[1] * self.embd_view.itemsize                # bytes of a stored row
         self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4))     # u8, rows or f32 [T, D]
-        self.embd_done = dev.event()
+        self.embd_done = dev.event(timing=False)
         self.bufs, self.pos0, self.T = None, 0, 0
         self.fuse_qkv = True         # one token's q|k|v in one GEMV, a prompt's from one fp16 x (DenseWeights.qkv);
                                      # off: three linears, the same bits

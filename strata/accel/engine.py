@@ -112,7 +112,7 @@ class GpuEngine:
         # the adaptive tier (SPEC §7): usage counted in decode, moves between rounds
         self.tier = policy.TIERS.create(policy.TierKind.ADAPTIVE, c.n_layer, c.n_expert)
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
-        self.sync_ev = dev.event()
+        self.sync_ev = dev.event(timing=False)
         self.pos = 0
         self.n_chunks = 0                 # steps run (a routing trace's chunk index)
         self.stream_waste = StreamWaste()   # may a chunk take the stream-all walk (policy.stream, ours)
@@ -223,7 +223,7 @@ class GpuEngine:
                 if logits is not None:
                     out.append(logits)
                 if not last:
-                    after = self.dev.event()
+                    after = self.dev.event(timing=False)
                     after.record(self.dev.compute)          # this chunk's compute is all enqueued
                 if self.progress and n > 1:     # the host is at most a layer ahead of the GPU (routing syncs)
                     done, s = i + len(part), time.perf_counter() - t0
@@ -263,7 +263,7 @@ class GpuEngine:
         which wait for the compute work enqueued so far (a step in flight may still read an evicted slot)."""
         moves = self.tier.end_round([self.cache.resident(l) for l in range(self.cfg.n_layer)], self.cache.free())
         if moves:
-            ev = self.dev.event()
+            ev = self.dev.event(timing=False)
             ev.record(self.dev.compute)
             self.stats.tier_moves += self.cache.apply_moves(moves, self.arena, ev)
 
@@ -296,7 +296,7 @@ class GpuEngine:
     def _give_back(self):
         if self.plan.owned_prompt:
             return
-        ev = self.dev.event()
+        ev = self.dev.event(timing=False)
         ev.record(self.dev.compute)
         self.cache.restore(self.arena, ev)
 

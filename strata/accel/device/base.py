@@ -122,7 +122,9 @@ class Device(abc.ABC):
 
     # --- sync -------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def event(self) -> Event: ...
+    def event(self, timing: bool = True) -> Event:
+        """A new event. timing=False: for ordering and waiting only, never `elapsed_ms` (CUDA:
+        cudaEventDisableTiming, the kind the runtime records and waits on most cheaply)."""
 
     @abc.abstractmethod
     def map_words(self, words: np.ndarray) -> object:

@@ -36,9 +36,9 @@ WAIT_LIMIT_S = 120.0
 
 
 class CudaEvent(Event):
-    def __init__(self, cp):
+    def __init__(self, cp, timing: bool = True):
         self.cp = cp
-        self.ev = cp.cuda.Event()
+        self.ev = cp.cuda.Event(disable_timing=not timing)
 
     def record(self, stream: "CudaStream") -> None:
         self.ev.record(stream.s)
@@ -264,8 +264,8 @@ class CudaDevice(Device):
         self._wait_k((1,), (1,), (np.uint64(handle + 8 * index), np.int64(value), np.uint64(WAIT_LIMIT_S * 1e9)),
                      stream=stream.s)
 
-    def event(self) -> CudaEvent:
-        return CudaEvent(self.cp)
+    def event(self, timing: bool = True) -> CudaEvent:
+        return CudaEvent(self.cp, timing)
 
     def synchronize(self) -> None:
         for s in (self.compute, self.copy):

@@ -19,10 +19,11 @@ _STOP = object()
 
 
 class HostEvent(Event):
-    def __init__(self):
+    def __init__(self, timing: bool = True):
         self._done = threading.Event()
         self._done.set()          # an event never recorded counts as complete (CUDA does the same)
         self._t = 0.0
+        self.timing = timing      # CUDA refuses elapsed_ms on an event without timing: so does the twin
 
     def record(self, stream: "HostStream") -> None:
         done = threading.Event()
@@ -41,6 +42,7 @@ class HostEvent(Event):
         return self._done.is_set()
 
     def elapsed_ms(self, end: "HostEvent") -> float:
+        assert self.timing and end.timing, "elapsed_ms between events made with timing=False"
         self.synchronize()
         end.synchronize()
         return (end._t - self._t) * 1e3
@@ -149,8 +151,8 @@ class HostDevice(Device):
     def total_bytes(self) -> int:
         return self._total
 
-    def event(self) -> HostEvent:
-        return HostEvent()
+    def event(self, timing: bool = True) -> HostEvent:
+        return HostEvent(timing)
 
     def map_words(self, words):
         assert words.dtype == np.int64 and words.flags.c_contiguous
