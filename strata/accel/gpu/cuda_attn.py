@@ -30,7 +30,6 @@ def _w32_smem(hd: int) -> int:
     """flash_attention_w32's dynamic shared memory: Q (FB_ROWS rows), K and V (FA_KEYS rows each), rows of hd + 8
     halves."""
     return (128 + 64 + 64) * (hd + 8) * 2
-ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
 class CudaAttentionKernels:

@@ -25,6 +25,7 @@ GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV 
 GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
 BIG_BM = 128                        # gemm_grouped_mma128's row tile (mma.cuh BM_BIG)
 _BIG_SMEM = 4 * (BIG_BM + GEMM_BN) * 40 * 2   # its dynamic shared memory: STAGES_BIG x (BM_BIG + BN) x LDS halves
+ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
 def big_smem(fn) -> int:
