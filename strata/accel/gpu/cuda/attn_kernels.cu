@@ -58,6 +58,65 @@ __device__ __forceinline__ void scores(float (*sc)[4], const u32 (*qf)[4], const
         }
 }
 
+// the block's query rows m0 .. m0+ROWS-1 of kv head j as fp16 (zeros past M): row m is query m / g of head
+// j·g + m % g
+template <int HD, int LD, int ROWS>
+__device__ __forceinline__ void stage_q(half_t (*dst)[LD], const float* q, int m0, int M, int g, int H, int j,
+                                        int tid) {
+    for (int i = tid; i < ROWS * HD; i += FA_THREADS) {
+        const int r = i / HD, d = i % HD, m = m0 + r;
+        float v = 0.f;
+        if (m < M) v = q[((long long)(m / g) * H + j * g + m % g) * HD + d];
+        dst[r][d] = f2h(v);
+    }
+}
+
+// pass 1's step for one m16 block: the rows' running max over this step's NB n-blocks of masked scores sc (the 4
+// threads of a row agree on it), then their running sums of exp(score - max), rescaled to the new max
+template <int NB>
+__device__ __forceinline__ void max_sum_step(const float (*sc)[4], float& mx_a, float& mx_b, float& l_a, float& l_b) {
+    float nm_a = mx_a, nm_b = mx_b;
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        nm_a = fmaxf(nm_a, fmaxf(sc[n][0], sc[n][1]));
+        nm_b = fmaxf(nm_b, fmaxf(sc[n][2], sc[n][3]));
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {                                  // the 4 threads that share a row
+        nm_a = fmaxf(nm_a, __shfl_xor_sync(0xffffffffu, nm_a, x));
+        nm_b = fmaxf(nm_b, __shfl_xor_sync(0xffffffffu, nm_b, x));
+    }
+    float sa = 0.f, sb = 0.f;
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        sa += expf(sc[n][0] - nm_a) + expf(sc[n][1] - nm_a);
+        sb += expf(sc[n][2] - nm_b) + expf(sc[n][3] - nm_b);
+    }
+    l_a = l_a * expf(mx_a - nm_a) + sa;
+    l_b = l_b * expf(mx_b - nm_b) + sb;
+    mx_a = nm_a, mx_b = nm_b;
+}
+
+// one m16 block's outputs: rows ra (o[n][0..1]) and rb (o[n][2..3]) of kv head j, columns n·8 + 2·t4 + 0..1
+template <int HD>
+__device__ __forceinline__ void store_rows(float* out, const float (*o)[4], int ra, int rb, int M, int g, int H, int j,
+                                           int t4) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        const int d = n * 8 + t4 * 2;
+        if (ra < M) {
+            float* dst = out + ((long long)(ra / g) * H + j * g + ra % g) * HD + d;
+            dst[0] = o[n][0];
+            dst[1] = o[n][1];
+        }
+        if (rb < M) {
+            float* dst = out + ((long long)(rb / g) * H + j * g + rb % g) * HD + d;
+            dst[0] = o[n][2];
+            dst[1] = o[n][3];
+        }
+    }
+}
+
 // Two passes over the keys, so each probability is normalised before its fp16 rounding, as attn_softmax and
 // attn_decode round it (prompt and decode keep one arithmetic): the first finds each row's max and sum (running,
 // rescaled per step), the second recomputes the scores and accumulates P·V. The second Q·Kᵀ costs 1.5x the
@@ -73,12 +132,7 @@ __device__ __forceinline__ void flash_attention(float* out, const float* q, cons
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     const long long ldk = (long long)Hkv * HD;
     // Q: the block's 64 rows as fp16 (staged through Ks), then each warp's 16 rows as A fragments
-    for (int i = tid; i < FA_ROWS * HD; i += FA_THREADS) {
-        const int r = i / HD, d = i % HD, m = m0 + r;
-        float v = 0.f;
-        if (m < M) v = q[((long long)(m / g) * H + j * g + m % g) * HD + d];
-        Ks[r][d] = f2h(v);
-    }
+    stage_q<HD, LD, FA_ROWS>(Ks, q, m0, M, g, H, j, tid);
     __syncthreads();
     u32 qf[HD / 16][4];
 #pragma unroll
@@ -96,26 +150,7 @@ __device__ __forceinline__ void flash_attention(float* out, const float* q, cons
         cp_async_wait_all();
         __syncthreads();
         scores<HD, LD>(sc, qf, Ks, k0, la, lb, scale, lane);
-        float nm_a = mx_a, nm_b = mx_b;
-#pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; n++) {
-            nm_a = fmaxf(nm_a, fmaxf(sc[n][0], sc[n][1]));
-            nm_b = fmaxf(nm_b, fmaxf(sc[n][2], sc[n][3]));
-        }
-#pragma unroll
-        for (int x = 1; x < 4; x <<= 1) {                              // the 4 threads that share a row
-            nm_a = fmaxf(nm_a, __shfl_xor_sync(0xffffffffu, nm_a, x));
-            nm_b = fmaxf(nm_b, __shfl_xor_sync(0xffffffffu, nm_b, x));
-        }
-        float sa = 0.f, sb = 0.f;
-#pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; n++) {
-            sa += expf(sc[n][0] - nm_a) + expf(sc[n][1] - nm_a);
-            sb += expf(sc[n][2] - nm_b) + expf(sc[n][3] - nm_b);
-        }
-        l_a = l_a * expf(mx_a - nm_a) + sa;
-        l_b = l_b * expf(mx_b - nm_b) + sb;
-        mx_a = nm_a, mx_b = nm_b;
+        max_sum_step<FA_KEYS / 8>(sc, mx_a, mx_b, l_a, l_b);
     }
 #pragma unroll
     for (int x = 1; x < 4; x <<= 1) {                                  // each of a row's 4 threads holds a part
@@ -157,20 +192,7 @@ __device__ __forceinline__ void flash_attention(float* out, const float* q, cons
             }
         }
     }
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        const int d = n * 8 + t4 * 2;
-        if (ra < M) {
-            float* dst = out + ((long long)(ra / g) * H + j * g + ra % g) * HD + d;
-            dst[0] = o[n][0];
-            dst[1] = o[n][1];
-        }
-        if (rb < M) {
-            float* dst = out + ((long long)(rb / g) * H + j * g + rb % g) * HD + d;
-            dst[0] = o[n][2];
-            dst[1] = o[n][3];
-        }
-    }
+    store_rows<HD>(out, o, ra, rb, M, g, H, j, t4);
 }
 
 // The same attention with 32 query rows a warp (two m16 blocks, 128 rows a block): each K or V fragment loaded from
@@ -194,12 +216,7 @@ __device__ __forceinline__ void flash_attention_w32(float* out, const float* q, 
     const int j = blockIdx.y, g = H / Hkv, M = T * g, m0 = blockIdx.x * FB_ROWS;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     const long long ldk = (long long)Hkv * HD;
-    for (int i = tid; i < FB_ROWS * HD; i += FA_THREADS) {
-        const int r = i / HD, d = i % HD, m = m0 + r;
-        float v = 0.f;
-        if (m < M) v = q[((long long)(m / g) * H + j * g + m % g) * HD + d];
-        Qs[r][d] = f2h(v);
-    }
+    stage_q<HD, LD, FB_ROWS>(Qs, q, m0, M, g, H, j, tid);
     __syncthreads();
     // this thread's rows: block b of the warp's two, rows gid (a) and gid + 8 (b) of it
     int ra[2], rb[2], la[2], lb[2];
@@ -255,26 +272,7 @@ __device__ __forceinline__ void flash_attention_w32(float* out, const float* q, 
                         sc[b][n][e] = s <= la[b] ? sc[b][n][e] * scale : FA_NEG_INF;
                         sc[b][n][2 + e] = s <= lb[b] ? sc[b][n][2 + e] * scale : FA_NEG_INF;
                     }
-                float nm_a = mx_a[b], nm_b = mx_b[b];
-#pragma unroll
-                for (int n = 0; n < FA_KEYS / 8; n++) {
-                    nm_a = fmaxf(nm_a, fmaxf(sc[b][n][0], sc[b][n][1]));
-                    nm_b = fmaxf(nm_b, fmaxf(sc[b][n][2], sc[b][n][3]));
-                }
-#pragma unroll
-                for (int x = 1; x < 4; x <<= 1) {
-                    nm_a = fmaxf(nm_a, __shfl_xor_sync(0xffffffffu, nm_a, x));
-                    nm_b = fmaxf(nm_b, __shfl_xor_sync(0xffffffffu, nm_b, x));
-                }
-                float sa = 0.f, sb = 0.f;
-#pragma unroll
-                for (int n = 0; n < FA_KEYS / 8; n++) {
-                    sa += expf(sc[b][n][0] - nm_a) + expf(sc[b][n][1] - nm_a);
-                    sb += expf(sc[b][n][2] - nm_b) + expf(sc[b][n][3] - nm_b);
-                }
-                l_a[b] = l_a[b] * expf(mx_a[b] - nm_a) + sa;
-                l_b[b] = l_b[b] * expf(mx_b[b] - nm_b) + sb;
-                mx_a[b] = nm_a, mx_b[b] = nm_b;
+                max_sum_step<FA_KEYS / 8>(sc[b], mx_a[b], mx_b[b], l_a[b], l_b[b]);
             }
         }
     }
