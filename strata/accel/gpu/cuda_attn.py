@@ -13,8 +13,6 @@ from strata.accel.gpu.blas_enums import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 
 FLASH_HD = ONE_PASS_HEAD_DIMS     # head sizes attn_kernels.cu is built for
-
-
 W32_WAVES = 4   # launches of at least this many waves of 128-row blocks (2 a multiprocessor) take them
 
 

@@ -33,6 +33,8 @@ def big_smem(fn) -> int:
     returns the bytes."""
     fn.max_dynamic_shared_size_bytes = _BIG_SMEM
     return _BIG_SMEM
+
+
 class _Staging:
     """A pinned ring for small host tables. Uploads take consecutive bytes; a region is written again only once
     the copy that last read it has completed (the oldest in-flight uploads are checked first, in ring order)."""
