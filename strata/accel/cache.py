@@ -20,6 +20,21 @@ def slot_bytes_for(max_blob: int) -> int:
     return -(-max_blob // SLOT_ALIGN) * SLOT_ALIGN
 
 
+def refill_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The copies of a lent region's refill: pairs (layer, expert) sorted, the i-th going to the region's i-th slot
+    -> [(i, j)]: pairs i .. j-1 are one layer's neighbouring experts (one contiguous block of the arena), cut where
+    an event's batch of REFILL_EVENT_EVERY slots ends. bench/share_sim.py gives the simulator this count."""
+    out, i = [], 0
+    while i < len(pairs):
+        l, e0 = pairs[i]
+        j = i + 1
+        while j < len(pairs) and j % REFILL_EVENT_EVERY and pairs[j] == (l, e0 + j - i):
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
 def uniform_order(n_layer: int, n_expert: int) -> list[tuple[int, int]]:
     """Without a routing profile: expert i of every layer before expert i+1 of any, so layers share evenly."""
     return [(l, e) for e in range(n_expert) for l in range(n_layer)]
@@ -91,21 +106,15 @@ class ExpertCache:
         lo = self.n_slots - self.lent
         pairs = sorted(o for o in self.owner[lo:] if o is not None)
         self.owner[lo:] = [None] * self.lent
-        for b0 in range(0, len(pairs), REFILL_EVENT_EVERY):            # one event a batch of slots
-            batch = pairs[b0:b0 + REFILL_EVENT_EVERY]
-            i = 0
-            while i < len(batch):
-                l, e0 = batch[i]
-                j = i + 1
-                while j < len(batch) and batch[j] == (l, e0 + j - i):
-                    j += 1
-                s0 = lo + b0 + i
-                self.dev.h2d_rows(self.buf, s0, arena.run(l, e0, e0 + j - i), self.dev.copy)
-                self.owner[s0:s0 + j - i] = batch[i:j]
-                i = j
-            ev = self.dev.event(timing=False)
-            ev.record(self.dev.copy)
-            self._pending.extend((ev, lo + b0 + i, l, e) for i, (l, e) in enumerate(batch))
+        for i, j in refill_runs(pairs):
+            l, e0 = pairs[i]
+            self.dev.h2d_rows(self.buf, lo + i, arena.run(l, e0, e0 + j - i), self.dev.copy)
+            self.owner[lo + i:lo + j] = pairs[i:j]
+            if j % REFILL_EVENT_EVERY == 0 or j == len(pairs):          # one event a batch of slots
+                ev = self.dev.event(timing=False)
+                ev.record(self.dev.copy)
+                b0 = (j - 1) // REFILL_EVENT_EVERY * REFILL_EVENT_EVERY
+                self._pending.extend((ev, lo + b, *pairs[b]) for b in range(b0, j))
         self.lent = 0
 
     def poll(self) -> int:
