@@ -40,6 +40,15 @@ def engine_residency(cfg, cache_slots: int, loan_slots: int) -> tuple:
     return tuple(tuple(r) for r in res.tolist())
 
 
+def engine_refill_copies(cfg, cache_slots: int, loan_slots: int) -> int:
+    """The copy calls of the GPU engine's refill of a prompt's loan (its uniform fill's lent tail, sorted: one a run,
+    strata.accel.cache.refill_runs): the simulator's Run.refill_copies for today's engine."""
+    from strata.accel.cache import refill_runs, uniform_order
+
+    lent = uniform_order(cfg.n_layer, cfg.n_expert)[max(0, cache_slots - loan_slots):cache_slots]
+    return len(refill_runs(sorted(lent)))
+
+
 def sim_model_of(m):
     from sim.models import from_gguf_metadata
 
@@ -62,8 +71,11 @@ EMULATED_COPY_US = 7.0
 # stop 19's routed_ring_ab_stop19.log); "stop20": share_f_losing_stop20's (cc5f0ed); none of them had auto's floor
 # veto (67e7045); "stop21": the runs of stop 21 (5b306f6) and of stop 20 after the veto; every one of them issued a
 # stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
-# prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); None: today's
-OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85)   # before a7c891c and d7467e0 (stop 21)
+# prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); "stop32": the runs of stops 25
+# to 32 (the engines before those above are also these): a copy a lent slot in the loan's refill, before ac18e97
+# (stop 33, ab_refill_stop33.log); None: today's
+SLOT_REFILL = dict(slot_refill=True)        # before ac18e97: a copy a lent slot (sim.engine.Run.refill_copies None)
+OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85, **SLOT_REFILL)   # before a7c891c and d7467e0
 # before auto's meter per layer (78d1d29, stop 23), before a new size class's meter started from the last one's
 # (015a381, stop 23), before the meter's margin (c0a2aac, stop 24), before its start from a load probe (stop 24)
 # every one of those runs was replayed with the catalogue's layout line of stop 21 from then on
@@ -78,10 +90,11 @@ ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, 
            "stop19": dict(routed_slots=32, veto=False, **OLD_COPIES, **ONE_METER),
            "stop20": dict(veto=False, **OLD_COPIES, **ONE_METER),
            "stop21": dict(OLD_COPIES, **ONE_METER),
-           "stop22": dict(ONE_METER),
-           "stop23": dict(UNSEEDED),   # stop 23's runs at 52e907c
-           "stop23b": dict(BALANCE),   # stop 23's runs at 015a381 and after (seeded classes)
-           "stop24": dict(UNPRIMED)}   # stop 24's runs at 113965e (the meter's margin)
+           "stop22": dict(ONE_METER, **SLOT_REFILL),
+           "stop23": dict(UNSEEDED, **SLOT_REFILL),   # stop 23's runs at 52e907c
+           "stop23b": dict(BALANCE, **SLOT_REFILL),   # stop 23's runs at 015a381 and after (seeded classes)
+           "stop24": dict(UNPRIMED, **SLOT_REFILL),   # stop 24's runs at 113965e (the meter's margin)
+           "stop32": dict(SLOT_REFILL)}
 
 
 @contextlib.contextmanager
@@ -124,15 +137,16 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     group = flags.pop("routed_group", None)
     slots = flags.pop("routed_slots", None)
     group = routed_group or group
+    slot_refill = flags.pop("slot_refill", False)
     with routed_walk(group, slots):
         if layout:
             flags["layout"] = tuple((int(t), float(us)) for t, us in layout.items())
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags, probe, h2d_gbps)
+                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu, flags, probe, h2d_gbps) -> dict:
+             host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill=False) -> dict:
     from sim.costs import PoolProbe
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
@@ -170,9 +184,10 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
 
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
+        copies = None if slot_refill else engine_refill_copies(m.cfg, plan.cache_slots, loan)
         return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
                    routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan), loan=loan,
-                   plan=(plan.chunk, plan.ring, group), **flags)   # the engine's chunks, ring, scratch
+                   refill_copies=copies, plan=(plan.chunk, plan.ring, group), **flags)   # chunks, ring, scratch
 
     # the bench's warm-up (every setting at every length) runs before the rounds: the walk choice has measured a
     # stream-all chunk by then, and a wasteful one sends the rounds' chunks down the routed-only walk (one in
@@ -321,7 +336,7 @@ def main():
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
-                    "stop22, stop23: those stops' runs)")
+                    "stop22, stop23: those stops' runs; stop32: the runs of stops 25 to 32, a copy a lent slot in the loan's refill)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool, the link and the host's layout by the "
                     "catalogue even where the JSON holds the run's pool_probe, h2d_probe_gbps and layout_us")
     a = ap.parse_args()

@@ -92,7 +92,10 @@ class Run:
     embed_behind_prefetch: bool = False  # before a7c891c (stop 21): a stream-all chunk's first copies went before
     #                                      the embedding's upload, which queued behind them on the copy engine
     loan: int = 0  # cache slots lent to the prompt (policy.prompt_loan): the engine thread issues their refill at
-    #                its end, inside the prompt's time (Machine.host_refill_us a slot)
+    #                its end, inside the prompt's time (Machine.host_refill_us a copy)
+    refill_copies: int | None = None  # the refill's copy calls (strata/accel/cache.py refill_runs: the lent experts
+    #                                   sorted, a run a copy; bench/share_sim.py counts the engine's); None: a copy
+    #                                   a slot, as every engine before ac18e97 (stop 33)
     refill_factor: float = 1.0  # the refill's host time over today's: before d7467e0 (stop 21) a copy through a
     #                             CuPy view and an event a slot (rows_ab_stop21.log: 1.4-2.2x, 1.85 typical)
 
@@ -235,7 +238,8 @@ class _Runner(EngineWalks):
             #            issues the refill's copies
             if self.link.stream.tail is not None and not self.link.stream.tail.processed:
                 yield self.link.stream.tail
-            yield self.env.timeout(run.loan * run.machine.host_refill_us * run.refill_factor)
+            copies = run.loan if run.refill_copies is None else run.refill_copies
+            yield self.env.timeout(copies * run.machine.host_refill_us * run.refill_factor)
 
     # --- the parts of a layer both walks share -----------------------------------------------------------
     def _embed(self, t: int):

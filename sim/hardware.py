@@ -142,7 +142,8 @@ class Machine:
     host_copy_us: float = 0.0
     host_event_us: float = 0.0
     host_embed_us: float = 0.0  # a prompt token's embedding row dequantised on the host (engines before d616513)
-    host_refill_us: float = 0.0  # a lent slot's refill issued by the engine thread at the prompt's end (give-back)
+    host_refill_us: float = 0.0  # a refill copy issued by the engine thread at the prompt's end (give-back): one a
+    #                              lent slot before ac18e97, one a run of a layer's neighbouring experts since
     host_queue_us: float = 0.0  # a stream-all chunk's queue entry, laid out by the host before its first copy
     calib: Mapping[str, object] = field(default_factory=dict, compare=False)  # calibrated constants measured here
     #   (calibration.json field -> value), over the seed-fitted ones: the engine's own CPU kernels, say

@@ -70,11 +70,13 @@ def _prompt(**kw):
 
 def test_the_loans_refill_is_host_time_at_the_prompts_end():
     """GpuEngine._give_back issues the lent slots' refill after the logits' readback: the prompt ends that much
-    later (Machine.host_refill_us a slot; Run.refill_factor for engines before d7467e0)."""
+    later (Machine.host_refill_us a copy: one a slot, or Run.refill_copies, the runs today's engine copies;
+    Run.refill_factor for engines before d7467e0)."""
     h200 = machine("h200-host16")
     base = _prompt().prompt_ms
     assert _prompt(loan=100).prompt_ms - base == pytest.approx(100 * h200.host_refill_us / 1e3)
     assert _prompt(loan=100, refill_factor=2.0).prompt_ms - base == pytest.approx(200 * h200.host_refill_us / 1e3)
+    assert _prompt(loan=100, refill_copies=11).prompt_ms - base == pytest.approx(11 * h200.host_refill_us / 1e3)
 
 
 def test_the_embeddings_upload_behind_the_first_copies_holds_layer_0_back():
@@ -83,3 +85,21 @@ def test_the_embeddings_upload_behind_the_first_copies_holds_layer_0_back():
     now, before = _prompt(), _prompt(embed_behind_prefetch=True)
     assert before.prompt_ms > now.prompt_ms
     assert before.n_streamed == now.n_streamed == 64
+
+
+def test_share_sim_counts_the_engines_refill_copies():
+    """bench/share_sim.py engine_refill_copies: the uniform fill's lent tail sorted into runs of a layer's
+    neighbouring experts (strata.accel.cache.refill_runs), as the engine copies them since ac18e97."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from share_sim import engine_refill_copies
+
+    cfg = SimpleNamespace(n_layer=8, n_expert=128)
+    assert engine_refill_copies(cfg, 256, 128) == 8       # experts 16..31 of each layer: a run a layer
+    assert engine_refill_copies(cfg, 256, 0) == 0
+    for loan in (1, 7, 92, 124, 200):                      # a run a layer at most, cut at each event's 32 slots
+        n = engine_refill_copies(cfg, 256, loan)
+        assert min(loan, 8) <= n <= min(loan, 8 + -(-loan // 32) - 1), (loan, n)
