@@ -336,7 +336,8 @@ def main():
                     "default: today's)")
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
-                    "stop22, stop23: those stops' runs; stop32: the runs of stops 25 to 32, a copy a lent slot in the loan's refill)")
+                    "stop22, stop23: those stops' runs; stop32: the runs of stops 25 to 32, a copy a lent slot in the "
+                    "loan's refill)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool, the link and the host's layout by the "
                     "catalogue even where the JSON holds the run's pool_probe, h2d_probe_gbps and layout_us")
     a = ap.parse_args()
