@@ -78,7 +78,7 @@ class Walk:
         l, e0 = self.entries[k0]
         g = self.group
         ends = g is None or k1 // g > k0 // g or k1 == len(self.entries)      # carries a group's last entry
-        ev = self.ring.copy_run(self.slot(k0), self.arena.layers[l][e0:e0 + k1 - k0], record=ends)
+        ev = self.ring.copy_run(self.slot(k0), self.arena.run(l, e0, e0 + k1 - k0), record=ends)
         for k in range(k0, k1):
             self._copied[k] = ev
 
