@@ -13,6 +13,7 @@ import numpy as np
 
 from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.blas_enums import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16F, R_32F
+from strata.accel.gpu.cublas_lib import WORKSPACE_BYTES, Cublas
 from strata.accel.gpu.cuda_attn import CudaAttentionKernels
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.kernels import BlobRef, Kernels
@@ -90,14 +91,17 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         cp = self.cp
         from cupy_backends.cuda.libs import cublas
 
-        self.cublas = cublas
+        self.cublas = cublas                                      # CuPy's bindings (the blocked attention's)
         self.handle = cp.cuda.device.get_cublas_handle()
+        self.blas = Cublas()                                      # the dense products: callable while capturing
+        self._blas_ws = cp.empty((WORKSPACE_BYTES,), np.uint8)
+        self.blas.set_workspace(self.handle, self._blas_ws.data.ptr, WORKSPACE_BYTES)
         self.mod = cp.RawModule(code=dq.source("engine_kernels.cu"), options=("--std=c++17",))
         self.dq = dq.load_module(cp)
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine",
             "rms_norm", "rope", "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm",
-            "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32")}
+            "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32", "add_bias_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
         big_smem(self.fn["gemm_grouped_mma128"])
@@ -293,10 +297,8 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.fn["rms_norm"]((rows,), (256,), (out, x, w, np.int32(n), np.float32(eps)), stream=stream.s)
 
     def _gemm_ex(self, stream, transa, transb, m, n, k, A, atype, lda, B, btype, ldb, C, ldc):
-        cb = self.cublas
-        cb.setStream(self.handle, stream.s.ptr)
-        cb.gemmEx(self.handle, transa, transb, m, n, k, self._one.ctypes.data, A, atype, lda, B, btype, ldb,
-                  self._zero.ctypes.data, C, R_32F, ldc, COMPUTE_32F, GEMM_DEFAULT)
+        self.blas.gemm_ex(self.handle, stream.s.ptr, transa, transb, m, n, k, self._one.ctypes.data, A, atype, lda,
+                          B, btype, ldb, self._zero.ctypes.data, C, R_32F, ldc, COMPUTE_32F, GEMM_DEFAULT)
 
     def linear(self, out, x, w, stream, bias=None):
         """out [T, N] (row stride may exceed N) = x [T, K] · w [N, K]ᵀ: fp16 weights take fp16 inputs, fp32
@@ -382,6 +384,15 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         n = out.size
         if n:
             self.fn["add_f32"]((min(4096, -(-n // 256)),), (256,), (out, a, b, np.int64(n)), stream=stream.s)
+
+    def add_bias(self, out, y, b, stream):
+        N = b.size
+        assert out.dtype == y.dtype == b.dtype == np.float32 and out.shape == y.shape and y.shape[-1] == N
+        assert out.flags.c_contiguous and y.flags.c_contiguous and b.flags.c_contiguous
+        n = out.size
+        if n:
+            self.fn["add_bias_f32"]((min(4096, -(-n // 256)),), (256,), (out, y, b, np.int64(n), np.int32(N)),
+                                    stream=stream.s)
 
     def sigmoid_gate(self, out, s, g, stream):
         T, D = out.shape
