@@ -188,5 +188,8 @@ class HostKernels(Kernels):
     def add(self, out, a, b, stream):
         self._run(stream, lambda: np.add(a, b, out=out))
 
+    def add_bias(self, out, y, b, stream):
+        self._run(stream, lambda: np.add(y, b, out=out))
+
     def sigmoid_gate(self, out, s, g, stream):
         self._run(stream, lambda: out.__setitem__(slice(None), s / (1.0 + np.exp(-g))))

@@ -208,5 +208,9 @@ class Kernels(abc.ABC):
         """out f32 = a + b (C-contiguous, one shape): a block's residual add."""
 
     @abc.abstractmethod
+    def add_bias(self, out, y, b, stream) -> None:
+        """out f32 [T, N] = y + b, b f32 [N] (C-contiguous): a projection's bias."""
+
+    @abc.abstractmethod
     def sigmoid_gate(self, out, s, g, stream) -> None:
         """out f32 [T, D] = s · sigmoid(g), g f32 [T, 1] (qwen2moe's shared expert)."""

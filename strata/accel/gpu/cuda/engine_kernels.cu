@@ -148,6 +148,12 @@ extern "C" __global__ void add_f32(float* out, const float* a, const float* b, l
         out[i] = a[i] + b[i];
 }
 
+// out [T, N] = y + b, b [N]: a projection's bias (qwen2moe's q, k, v) as a launch, the float add CuPy's y + b made
+extern "C" __global__ void add_bias_f32(float* out, const float* y, const float* b, long long n, int N) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = y[i] + b[i % N];
+}
+
 // out [T, D] = s · sigmoid(g), g [T, 1]: the shared expert's gate (qwen2moe) in one launch where CuPy's
 // elementwise ops took three; the same float operations (expf, 1 + e, 1 / that, the product) as those ops
 extern "C" __global__ void sigmoid_gate(float* out, const float* s, const float* g, long long n, int D) {
