@@ -57,12 +57,12 @@ def group(self, layer, members, tab, lay, on_released=None):
     og(self, layer, members, tab, lay, on_released)
     e1 = tev(self.dev.compute)
     REC.append(("group", layer, h, e0, e1, len(members)))
-def moe(self, h, layer, ids_dev, w_dev):
+def moe(self, h, layer, ids_dev, w_dev, out=None):
     if REC is None:
-        return om(self, h, layer, ids_dev, w_dev)
+        return om(self, h, layer, ids_dev, w_dev, out)
     state["layer"] = layer
     t = time.perf_counter(); e0 = tev(self.dev.compute)
-    out = om(self, h, layer, ids_dev, w_dev)
+    out = om(self, h, layer, ids_dev, w_dev, out)
     e1 = tev(self.dev.compute)
     REC.append(("moe", layer, t, e0, e1, time.perf_counter()))
     return out

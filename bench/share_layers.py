@@ -92,10 +92,10 @@ def main():
         stamp()
         combine(*args, **kw)
 
-    def timed_moe(h, layer, ids, w):
+    def timed_moe(h, layer, ids, w, **kw):
         stamps.clear()
         stamp()
-        out = block(h, layer, ids, w)
+        out = block(h, layer, ids, w, **kw)
         stamp()
         marks.append((layer, *stamps))   # (layer, start, sync, combine, end)
         return out

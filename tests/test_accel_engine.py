@@ -203,12 +203,12 @@ def test_the_stream_all_walk_issues_a_layers_copies_before_its_routing_sync():
                       config=policy.Config(stream_min=0))
         seen, moe = [], e.ops.moe              # the model file reaches the MoE block through the ops
 
-        def watch(h, layer, ids, w):
+        def watch(h, layer, ids, w, **kw):
             walk = e._walk
             first = e._layer_entries[layer].start
             order = walk.order
             seen.append((layer, order.issued > first, order.issued <= order.consumed + walk.ring.n))
-            return moe(h, layer, ids, w)
+            return moe(h, layer, ids, w, **kw)
 
         e.ops.moe = watch
         e.prefill(list(range(5, 25)))

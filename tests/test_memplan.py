@@ -114,20 +114,22 @@ def test_budget_holding_gives_exactly_that_cache(preset):
         assert p.cache_slots == want and not p.owned_prompt
 
 
+@pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("preset", ["flash-shape", "qwen3-30b-a3b"])
-def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset):
+def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset, graphs):
     """The dense ops' step temporaries are as large as the chunk: the plan reserves them for the chunk it takes,
     the largest the loan planner still reaches with them reserved (priced at the 8,192-token ceiling, qwen3-30b-a3b's
-    quarter cache kept ~870 MiB idle, about 340 cache slots). One grid step more does not plan."""
-    from strata.accel.buffers import temp_bytes
-    from strata.accel.memplan import budget_holding
+    quarter cache kept ~870 MiB idle, about 340 cache slots). One grid step more does not plan. With prompt graphs
+    the temporaries are their regions and fixed inputs (graph_temp_bytes), without them the pool's (temp_bytes)."""
+    from strata.accel.memplan import _temps, budget_holding
     from strata.policy.plan import GRID
 
+    temp_bytes = _temps(graphs)
     m = _Header(preset, 8)
     quarter = m.cfg.n_layer * m.cfg.n_expert // 4
-    budget = budget_holding(m, 8208, quarter)
-    p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget)
-    full = plan_memory(m, 1 << 42, n_ctx=8208)                      # owns its buffers: temporaries at the ceiling
+    budget = budget_holding(m, 8208, quarter, graphs=graphs)
+    p = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget, graphs=graphs)
+    full = plan_memory(m, 1 << 42, n_ctx=8208, graphs=graphs)       # owns its buffers: temporaries at the ceiling
     decode_only = full.decode - temp_bytes(m.cfg, 8192)
     assert p.chunk < 8192 and p.decode == decode_only + temp_bytes(m.cfg, p.chunk)
     assert p.dense + p.kv + p.decode + p.cache_slots * p.slot_bytes + 700 * MIB <= budget
@@ -146,7 +148,7 @@ def test_the_step_temporaries_are_priced_at_the_planned_chunk(preset):
 def test_a_chunk_that_cannot_plan_says_what_it_lacks():
     """A fixed chunk (--chunk) is planned with its own step temporaries; when its loan does not fit, the error names
     the cache that chunk leaves, not a smaller chunk's; with no fixed chunk the error is the smallest chunk's."""
-    from strata.accel.buffers import temp_bytes
+    from strata.accel.prompt_graph import graph_temp_bytes as temp_bytes     # the default: prompt graphs
     from strata.accel.memplan import budget_holding
 
     m = _Header("qwen3-30b-a3b", 8)

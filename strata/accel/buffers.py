@@ -13,6 +13,7 @@ import numpy as np
 
 from strata.accel.gpu.cuda_decode import attn_decode_cols
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
+from strata.models.base import QKNorm
 
 ALIGN = 256
 
@@ -114,3 +115,25 @@ def temp_bytes(cfg, cap: int) -> int:
     [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output logits."""
     width = max(cfg.n_embd, cfg.n_q, 2 * cfg.n_ff_shexp)
     return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4
+
+
+SEGMENT_ALLOCS = 64     # more allocations than any segment makes: each may waste ALIGN bytes
+
+
+def segment_bytes(cfg, T: int) -> int:
+    """The bytes one prompt segment of T rows carves from its region (prompt_graph.py): every array the dense ops
+    and their kernels allocate between two MoE blocks, none freed, in float32 units a row. test_prompt_graph checks
+    it against what each golden model's segments take."""
+    D, Q, KV, Fs = cfg.n_embd, cfg.n_q, cfg.n_kv, cfg.n_ff_shexp
+    row = 2 * D + 2 * D                    # the two residual adds, the two norms
+    row += D / 2 + Q / 2                   # fp16 copies of the q|k|v and o GEMMs' inputs
+    row += Q + 2 * KV + Q + D              # q, k, v; the attention's output; o
+    row += cfg.n_expert                    # the router's logits
+    if cfg.qkv_bias:
+        row += Q + 2 * KV
+    if cfg.qk_norm is not QKNorm.NONE:
+        row += Q + KV
+    if Fs:                                 # the shared expert: gu, fp16 input and hh, (GEMV's f32 hh), out, gate,
+        row += 3.5 * Fs + 3.5 * D + 1      # its product and one more add
+    return int(row * 4) * T + SEGMENT_ALLOCS * ALIGN
+

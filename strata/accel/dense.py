@@ -106,9 +106,13 @@ class DenseWeights:
 
 class DeviceOps:
     """The backend ops for one step on a device; `begin` binds the step's buffers, position and token count.
-    CuPy arithmetic (add_bias, a non-contiguous `add`) runs on the compute stream (the engine holds
+    CuPy arithmetic (a non-contiguous `add` or bias) runs on the compute stream (the engine holds
     `dev.on(compute)`).
     """
+
+    # ops done as array arithmetic (CuPy/numpy operators), not kernel calls: the host twin cannot record them in a
+    # captured segment, so prompt_graph.py captures no segment that does any
+    arith = 0
 
     def __init__(self, model: Model, dev, weights: DenseWeights, kv, n_ctx: int, cap: int):
         self.model, self.cfg, self.dev, self.k, self.wt, self.kv = model, model.cfg, dev, dev.k, weights, kv
@@ -133,16 +137,20 @@ class DeviceOps:
         c = self.cfg
         self.dscores = dev.empty((c.n_head, self.k.attn_decode_cols(n_ctx, c.head_dim)), np.float32)
 
-    def begin(self, bufs, pos0: int, T: int):
+    def begin(self, bufs, pos0: int, T: int, pos_dev=None):
+        """Bind a step: its buffers, first position and rows; `pos_dev` [T] int32 holds the rows' positions where
+        given (prompt_graph.py's, at a fixed address), else they are uploaded here."""
         self.bufs, self.pos0, self.T = bufs, pos0, T
-        self.pos_dev = self.k.upload(np.arange(pos0, pos0 + T, dtype=np.int32), self.dev.compute)
+        self.pos_dev = pos_dev if pos_dev is not None else \
+            self.k.upload(np.arange(pos0, pos0 + T, dtype=np.int32), self.dev.compute)
 
     # --- the contract ----------------------------------------------------------------------------------------
-    def embed(self, name: str, ids):
+    def embed(self, name: str, ids, out=None):
+        """The rows of `ids` into `out` [T, D] (default: the step buffers' x)."""
         T = len(ids)
         self.embd_done.synchronize()            # the previous step's upload has left the staging buffer
         idx = np.asarray(ids, np.int64)
-        x = self.bufs.x[:T]
+        x = self.bufs.x[:T] if out is None else out
         if self.embd_on_device:
             v = self.embd_view                                                   # [V, row bytes] (or typed [V, D])
             stage = self.embd_host[:T * self.embd_row]
@@ -187,13 +195,20 @@ class DeviceOps:
 
     def add(self, x, y):
         if not (x.flags.c_contiguous and y.flags.c_contiguous and x.shape == y.shape):
+            self.arith += 1
             return x + y
         out = self.dev.empty(x.shape, np.float32)           # new: y may be a buffer its producer writes again
         self.k.add(out, x, y, self.dev.compute)
         return out
 
     def add_bias(self, y, name: str):
-        return y + self.wt[name]
+        b = self.wt[name]
+        if not y.flags.c_contiguous:
+            self.arith += 1
+            return y + b
+        out = self.dev.empty(y.shape, np.float32)
+        self.k.add_bias(out, y, b, self.dev.compute)
+        return out
 
     def rope(self, x, pos, cfg):
         self.k.rope(x, self.cos, self.sin, self.pos_dev, cfg.n_rot, cfg.rope_neox, self.dev.compute)

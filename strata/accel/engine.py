@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata import policy
+from strata.accel import prompt_graph
 from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
@@ -73,9 +74,10 @@ class GpuEngine:
             self.log(f"link: every host->device copy held to {self.config.dbg_link_gbps:g} GB/s "
                      f"(STRATA_DBG_LINK_GBPS, an emulated slower PCIe)"
                      + (f"; timer {ticks:.4f} ticks/ns" if ticks else ""))
+        graphs = self.config.prompt_graph and prompt_graph.usable(dev, model.cfg)
         self.plan: MemoryPlan = plan_memory(model, dev.free_bytes(), n_ctx=n_ctx, vram_budget=vram_budget,
                                             reserve_mib=reserve_mib, expert_cache=expert_cache, chunk=chunk,
-                                            lend_pct=self.config.lend_pct, groups=prompt_groups)
+                                            lend_pct=self.config.lend_pct, groups=prompt_groups, graphs=graphs)
         for line in self.plan.lines():
             self.log(line)
         c = self.cfg
@@ -97,6 +99,8 @@ class GpuEngine:
             self.prompt_region = dev.empty((p.prompt_bytes,), np.uint8)
         self.ops = DeviceOps(model, dev, self.weights, self.kv, n_ctx, cap=max(p.chunk, MAXT))
         self.ops.moe = self.moe
+        # a prompt chunk's dense parts as captured graphs (prompt_graph.py); None: issued op by op
+        self.pgraphs = prompt_graph.PromptGraphs(dev, c, p.chunk, n_ctx) if graphs else None
         # the CPU expert pool: decode misses, and the prefill share where it qualifies (CUDA, one GPU; SPEC §4)
         self.pool = pool
         self.share = self.config.share(qualifies=dev.kind == "cuda" and pool is not None)
@@ -357,16 +361,31 @@ class GpuEngine:
         T = len(tokens)
         self._decode = decode
         with self.dev.on(self.dev.compute):
-            self.ops.begin(bufs, self.pos, T)
-            x = self.ops.embed("token_embd.weight", tokens)                       # [T, D]
+            ops = None
+            if self.pgraphs is not None and not decode:    # x [Tb, D]: T rows and zeros (prompt_graph.py)
+                ops = self.pgraphs.chunk(self.ops, bufs, tokens, self.pos, self.cfg.n_layer)
+            if ops is not None:
+                x = ops.x
+            else:
+                ops = self.ops
+                self.ops.begin(bufs, self.pos, T)
+                x = self.ops.embed("token_embd.weight", tokens)                   # [T, D]
             if self._walk is not None:
                 # stream-all: layer 0's experts stream during the embedding and attention. After the embedding's
                 # upload: H2D copies share the copy engine in issue order, and the rows queued behind a ring of
                 # experts held layer 0's MoE block back by the ring's transfer time (prefill_timeline_stop19.log)
                 self._walk.prefetch()
-            pos = np.arange(self.pos, self.pos + T)
-            for layer in range(self.cfg.n_layer):
-                x = self.model.forward_block(self.ops, x, layer, pos)             # [T, D]
+            if ops is not self.ops:
+                ops.start()                                   # the first segment opens after those copies
+            pos = np.arange(self.pos, self.pos + x.shape[0])
+            try:
+                for layer in range(self.cfg.n_layer):
+                    x = self.model.forward_block(ops, x, layer, pos)              # [T or Tb, D]
+            except BaseException:
+                if ops is not self.ops:
+                    ops.abort()                               # no segment left open (allocator, capture)
+                raise
+            x = x[:T]
             logits = None
             if head_out:
                 rows = x if all_logits else x[T - 1:T]
@@ -378,8 +397,9 @@ class GpuEngine:
         return None if logits is None else self.dev.tohost(logits)
 
     # --- the MoE block ------------------------------------------------------------------------------------------
-    def moe(self, h, layer: int, ids_dev, w_dev):
-        """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D]."""
+    def moe(self, h, layer: int, ids_dev, w_dev, out=None):
+        """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
+        `out` where given)."""
         c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
         T, K = h.shape[0], c.n_expert_used
         bufs = self._runner.bufs
@@ -476,7 +496,8 @@ class GpuEngine:
             cb.decode_sample(len(lay.cpu), self.plan.slot_bytes / (self.h2d_gbps * 1e6))
         if cb is not None:
             cb.finish(layer, lay, nstream, bufs.dm, s, eligible=share_layer)
-        out = dev.empty((T, c.n_embd), np.float32)
+        if out is None:
+            out = dev.empty((T, c.n_embd), np.float32)
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
 

@@ -114,6 +114,10 @@ def run_gpu(a, dev) -> int:
         s = eng.stats
         note(f"expert cache: {eng.cache.n_resident()} resident, decode hit rate {100 * s.hit_rate:.1f}% "
              f"({s.hits} of {s.lookups}); streamed {s.streamed_experts} experts, {s.streamed_bytes / 2**20:.1f} MiB")
+        pg = eng.pgraphs
+        if pg is not None:
+            note(f"prompt graphs: {pg.eager} segments eager, {pg.captures} captured ({pg.capture_s * 1e3:.1f} ms), "
+                 f"{pg.replays} replayed (a shape's first prompt runs eagerly, its second captures)")
         if eng.cpu_block is not None:
             cb = eng.cpu_block.stats
             note(f"cpu pool: {cb['cpu_experts']} experts in {cb['shared_layers']} layers; share {eng.share.mode.value}")

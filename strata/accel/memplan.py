@@ -80,17 +80,20 @@ def kv_bytes(cfg, n_ctx: int) -> int:
 
 def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = 700,
                 expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90,
-                groups: tuple[int, ...] = PROMPT_GROUPS) -> MemoryPlan:
+                groups: tuple[int, ...] = PROMPT_GROUPS, graphs: bool = True) -> MemoryPlan:
     """groups: the prompt weight scratch sizes to try, largest first (the largest chunk wins, ties the largest).
+    graphs: the prompt's dense parts run as captured segments (prompt_graph.py), whose temporaries are priced by
+    `graph_temp_bytes`, not the memory pool's `temp_bytes`.
     The dense ops' step temporaries are priced at the chunk the plan takes: the largest chunk that still plans
     itself with its own temporaries reserved (priced at the 8,192-token ceiling, qwen3-30b-a3b's quarter cache at
     8K context kept 1.07 GB for a 1,280-token chunk's 0.17, about 350 cache slots)."""
     cfg = model.cfg
+    temps_of = _temps(graphs)
     budget = min(free_bytes, vram_budget if vram_budget else free_bytes) - reserve_mib * MIB
     b = _parts(model, n_ctx, chunk)
     slot, ceiling, decode = b.slot, b.ceiling, b.decode
     base = b.dense + b.kv + decode
-    least = temp_bytes(cfg, min(GRID, ceiling))          # what the smallest chunk's temporaries take
+    least = temps_of(cfg, min(GRID, ceiling))          # what the smallest chunk's temporaries take
     if budget - base - least < 0:
         need = base + least
         raise VramShortfall(f"the model needs {need / MIB:,.0f} MiB of VRAM before any expert (dense "
@@ -102,7 +105,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     # the cache asked for (all experts by default) and the prompt path's own buffers beside it: no loan needed
     n_pairs = cfg.n_layer * cfg.n_expert
     want = min(expert_cache, n_pairs) if expert_cache is not None else n_pairs
-    temps = temp_bytes(cfg, ceiling)
+    temps = temps_of(cfg, ceiling)
     own = b.prompt_bytes(ceiling, groups[0]) + b.ring * slot
     if budget - base - temps >= want * slot + own:
         return MemoryPlan(budget + reserve_mib * MIB, b.dense, b.kv, decode + temps, slot, want, ceiling, 0, b.ring,
@@ -113,7 +116,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
     kind = PlannerKind.FIXED if chunk else PlannerKind.AUTO
 
     def attempt(cap: int):
-        temps = temp_bytes(cfg, cap)
+        temps = temps_of(cfg, cap)
         avail = budget - base - temps
         slots = avail // slot if expert_cache is None else min(expert_cache, avail // slot)
         if slots < 0:
@@ -145,7 +148,7 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
             else:
                 hi = mid - 1
     if got is None:
-        avail = budget - base - temp_bytes(cfg, cap if kind is PlannerKind.FIXED else min(GRID, ceiling))
+        avail = budget - base - temps_of(cfg, cap if kind is PlannerKind.FIXED else min(GRID, ceiling))
         raise VramShortfall(f"{err}; the expert cache has {max(0, avail // slot)} slots of {slot / MIB:.2f} MiB "
                             f"in a budget of {budget / MIB:,.0f} MiB")
     temps, slots, g, req, cp, reqs = got
@@ -204,7 +207,14 @@ def _loan_plan(b: _Parts, slots: int, ceiling: int, lend_pct: int, groups, kind)
     return best + (reqs,)
 
 
-def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) -> int:
+def _temps(graphs: bool):
+    """A chunk's step temporaries, (cfg, tokens) -> bytes: with prompt graphs or without."""
+    from strata.accel.prompt_graph import graph_temp_bytes
+
+    return graph_temp_bytes if graphs else temp_bytes
+
+
+def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700, graphs: bool = True) -> int:
     """The VRAM budget whose plan has room for exactly `cache_slots` expert slots beside everything else it
     needs (dense weights, KV, decode buffers, the step temporaries of the chunk such a cache plans, the reserve):
     what emulating a smaller card for a given cache size takes (the benchmarks' quarter-size caches)."""
@@ -213,5 +223,5 @@ def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700) 
         _, _, cp, _ = _loan_plan(b, cache_slots, b.ceiling, 90, PROMPT_GROUPS, PlannerKind.AUTO)
     except PlanError as e:
         raise VramShortfall(f"{e}: a cache of {cache_slots} slots cannot lend a prompt its buffers") from None
-    temps = temp_bytes(model.cfg, min(cp.chunk, b.ceiling))
+    temps = _temps(graphs)(model.cfg, min(cp.chunk, b.ceiling))
     return b.dense + b.kv + b.decode + temps + reserve_mib * MIB + cache_slots * b.slot

@@ -70,6 +70,7 @@ class Config:
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
     dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
     decode_graph: bool = True              # STRATA_DECODE_GRAPH: single-token decode as one captured graph (SPEC §8)
+    prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts as captured segments (ours)
 
     def __post_init__(self):
         s = self.cpu_share
@@ -117,14 +118,15 @@ _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRAT
     "cpu_share", "cpu_share_max", "stream_min", "ring", "lend_pct", "elastic_loan", "head_loan", "mtp_loan",
     "repeat_loan", "repeat_min_tokens")}
 _VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
-             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH")
+             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH",
+             prompt_graph="STRATA_PROMPT_GRAPH")
 _INTS = {  # field -> (lowest, highest, default)
     "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
     "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
 }
 # fmt: on
 _FLAGS = {f: False for f in ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")}
-_FLAGS["decode_graph"] = True   # field -> value when unset
+_FLAGS["decode_graph"] = _FLAGS["prompt_graph"] = True   # field -> value when unset
 
 
 def from_process() -> Config:

@@ -59,6 +59,7 @@ class Device(abc.ABC):
     compute: Stream
     copy: Stream
     link_gbps: float | None = None   # an emulated host->device link (emulate_link); None = the real one
+    _bump: "Bump | None" = None      # the open segment's allocator (begin_segment)
 
     def emulate_link(self, gbps: float | None) -> None:
         """From now on every h2d copy of n bytes occupies its stream for at least n / gbps (STRATA_DBG_LINK_GBPS:
@@ -150,8 +151,41 @@ class Device(abc.ABC):
         The arrays fn allocates stay allocated while the graph lives (a replay writes them again)."""
         return Graph(fn)
 
+    def begin_segment(self, region, capture: bool) -> None:
+        """Until `end_segment`, every allocation (`empty`, and on CUDA the kernels' own temporaries) is carved from
+        `region` (a flat uint8 device array) from its start and never freed; with `capture`, the compute stream's
+        work is recorded, not run, into the graph `end_segment` returns. An eager segment that outgrows `region`
+        goes on in the memory pool (`spilled`); a capture may not (prompt_graph.py captures only what ran within
+        its region eagerly)."""
+        self._bump = Bump(region, spill=not capture)
+
+    def end_segment(self) -> tuple["Graph | None", int, bool]:
+        """(the captured graph or None, bytes carved, spilled)."""
+        b, self._bump = self._bump, None
+        return None, b.used, b.spilled
+
     def close(self) -> None:
         pass
+
+
+class Bump:
+    """`begin_segment`'s allocator: offsets into a region, ALIGN-aligned, none reused."""
+
+    ALIGN = 256
+
+    def __init__(self, region, spill: bool):
+        self.region, self.spill, self.used, self.spilled = region, spill, 0, False
+
+    def take(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` new bytes, or None when they do not fit (the caller takes them elsewhere)."""
+        start = -(-self.used // self.ALIGN) * self.ALIGN
+        if start + nbytes > self.region.nbytes:
+            if not self.spill:
+                raise MemoryError(f"a captured segment needs more than its region's {self.region.nbytes} bytes")
+            self.spilled = True
+            return None
+        self.used = start + nbytes
+        return start
 
 
 class Graph:

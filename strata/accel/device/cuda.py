@@ -96,6 +96,19 @@ class CudaGraph(Graph):
         self.graph.launch(stream=self.s)
 
 
+class CudaSegmentGraph(Graph):
+    """A segment captured between `begin_segment` and `end_segment`: its arrays are the region's, which the caller
+    keeps (every graph of one region writes the same bytes)."""
+
+    def __init__(self, graph, s):
+        super().__init__(None)
+        self.graph, self.s = graph, s
+
+    def launch(self) -> None:
+        self.launches += 1
+        self.graph.launch(stream=self.s)
+
+
 class CudaDevice(Device):
     kind = "cuda"
 
@@ -134,6 +147,31 @@ class CudaDevice(Device):
 
     def on(self, stream: CudaStream):
         return stream.s
+
+    def begin_segment(self, region, capture: bool) -> None:
+        super().begin_segment(region, capture)
+        bump, pool = self._bump, self.pool
+
+        def alloc(n):                 # CuPy's allocator hook: the kernels' own temporaries come here too
+            off = bump.take(n)
+            return pool.malloc(n) if off is None else region.data + off
+
+        self._seg_alloc = self.cp.cuda.using_allocator(alloc)
+        self._seg_alloc.__enter__()
+        self._capturing = capture
+        if capture:
+            self.compute.s.begin_capture(mode=getattr(self.cp.cuda.runtime, "streamCaptureModeRelaxed", 2))
+
+    def end_segment(self):
+        graph = None
+        try:
+            if self._capturing:
+                graph = CudaSegmentGraph(self.compute.s.end_capture(), self.compute.s)
+        finally:
+            self._capturing = False
+            self._seg_alloc.__exit__(None, None, None)
+        _, used, spilled = super().end_segment()
+        return graph, used, spilled
 
     def empty(self, shape, dtype):
         return self.cp.empty(shape, dtype)

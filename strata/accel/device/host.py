@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from strata.accel.device.base import Device, Event, Stream
+from strata.accel.device.base import Device, Event, Graph, Stream
 
 _STOP = object()
 
@@ -56,6 +56,7 @@ class HostStream(Stream):
     def __init__(self, name: str, inline: bool = False):
         self.name = name
         self.inline = inline
+        self.tape: list | None = None     # capturing (begin_segment): work is recorded here, not run
         self._q: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = None
@@ -77,7 +78,9 @@ class HostStream(Stream):
                 self._q.task_done()
 
     def _put(self, fn) -> None:
-        if self.inline:
+        if self.tape is not None:
+            self.tape.append(fn)
+        elif self.inline:
             fn()
         else:
             self._q.put(fn)
@@ -114,7 +117,24 @@ class HostDevice(Device):
         self.k = HostKernels(self)
 
     def empty(self, shape, dtype):
+        b = self._bump
+        if b is not None:
+            dt = np.dtype(dtype)
+            n = int(np.prod(shape)) * dt.itemsize
+            off = b.take(n)
+            if off is not None:
+                return b.region[off:off + n].view(dt).reshape(shape)
         return np.empty(shape, dtype)
+
+    def begin_segment(self, region, capture: bool) -> None:
+        super().begin_segment(region, capture)
+        if capture:
+            self.compute.tape = []
+
+    def end_segment(self):
+        tape, self.compute.tape = self.compute.tape, None
+        _, used, spilled = super().end_segment()
+        return (None if tape is None else TapeGraph(self.compute, tape)), used, spilled
 
     def pinned(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
@@ -177,3 +197,17 @@ class HostDevice(Device):
     def close(self):
         for s in (self.compute, self.copy):
             s.close()
+
+
+class TapeGraph(Graph):
+    """A captured segment on the twin: the work its kernels enqueued (closures over their arrays), enqueued again
+    on every launch, as a CUDA graph replays its kernels on the same addresses."""
+
+    def __init__(self, stream: HostStream, tape: list):
+        super().__init__(None)
+        self.stream, self.tape = stream, tape
+
+    def launch(self) -> None:
+        self.launches += 1
+        for fn in self.tape:
+            self.stream._put(fn)
