@@ -165,7 +165,7 @@ def main():
             if a.probe_reps > 0:
                 settle(eng)
                 probes.append(pool_probe(pool, arena.layers, arena.types, c.n_embd, c.n_ff_exp, reps=a.probe_reps))
-                h2ds.append(h2d_gbps(dev, eng.plan.slot_bytes))   # and its link (46.7-50.4 GB/s lease to lease)
+                h2ds.append(h2d_gbps(dev, eng.plan.slot_bytes)[0])   # and its link (46.7-50.4 GB/s lease to lease)
 
         probe_pool()
         if probes:
