@@ -19,7 +19,7 @@ def test_defaults():
     assert (c.cpu_share, c.cpu_share_max, c.stream_min, c.ring) == (None, None, None, None)
     assert (c.lend_pct, c.repeat_min_tokens) == (90, 1024)
     assert not any((c.dbg_cpu_gate, c.pool_pipeline, c.elastic_loan, c.head_loan, c.mtp_loan, c.repeat_loan))
-    assert c.decode_graph                                   # on unless turned off
+    assert c.decode_graph and c.prompt_graph                # on unless turned off
 
 
 @pytest.mark.parametrize(
@@ -78,6 +78,7 @@ def test_share_max():
         ("DBG_LINK_GBPS", "0", "expected a bandwidth in GB/s above 0"),
         ("DBG_LINK_GBPS", "-12", "expected a bandwidth in GB/s above 0"),
         ("DECODE_GRAPH", "sometimes", "expected a switch"),
+        ("PROMPT_GRAPH", "abc", "expected a switch"),
     ],
 )
 def test_rejects_name_the_variable(name, value, message):
@@ -111,6 +112,7 @@ def test_values():
     assert c.dbg_link_gbps is None and cfg(DBG_LINK_GBPS="12.5").dbg_link_gbps == 12.5
     assert cfg(PREFILL_REPEAT_MIN_TOKENS="100").repeat_min_tokens == 256  # clamped to >= 256
     assert not cfg(DECODE_GRAPH="0").decode_graph and cfg(DECODE_GRAPH="on").decode_graph
+    assert not cfg(PROMPT_GRAPH="0").prompt_graph and cfg(PROMPT_GRAPH="1").prompt_graph
 
 
 def test_from_process(monkeypatch):

@@ -160,8 +160,8 @@ def test_the_twin_records_a_capture_and_spills_an_eager_segment():
     dev.begin_segment(region, capture=True)
     with pytest.raises(MemoryError):
         dev.empty((512,), np.float32)
-    dev.compute.tape = None
-    dev._bump = None
+    dev.end_segment()
+    assert dev._bump is None and dev.compute.tape is None
 
 
 def test_an_error_inside_a_segment_leaves_no_segment_open():
@@ -236,3 +236,19 @@ def test_the_bias_kernel_adds_as_array_arithmetic(kind):
         assert np.array_equal(_bits(dev.tohost(out)), _bits(want))
     finally:
         dev.close()
+
+
+def test_the_switch_turns_the_graphs_and_their_memory_off():
+    """STRATA_PROMPT_GRAPH=0: no segments (each chunk op by op) and no regions priced in the plan."""
+    from strata.accel.buffers import temp_bytes
+    from strata.accel.prompt_graph import graph_temp_bytes
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    dev = HostDevice()
+    try:
+        on, off = _engine(m, dev, True), _engine(m, dev, False)
+        off.prefill(_prompt(m, 50, 0))
+    finally:
+        dev.close()
+    assert off.pgraphs is None and on.pgraphs is not None
+    assert on.plan.decode - off.plan.decode == graph_temp_bytes(m.cfg, CHUNK) - temp_bytes(m.cfg, CHUNK) > 0

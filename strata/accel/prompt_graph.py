@@ -36,6 +36,7 @@ BUCKET = 64          # rows a segment is padded to (the prompt attention's 64-ro
 # regions cost VRAM as the rows (on the H200 the graphs gave qwen3's quarter cache 1.02-1.03x on prompts of 256 and
 # 640 rows, 1.004x at 960 and 1.007x on 1,280-token chunks: bench/results/h200/ab_graphs_*_stop34.log)
 GRAPH_ROWS = 640
+SEEN_MAX = 1 << 16   # keys met once that PromptGraphs remembers
 EAGER, CAPTURE, REPLAY = "eager", "capture", "replay"
 TAPED = ("rms_norm", "linear", "add", "add_bias", "rope", "qk_norm_rope", "attention", "router_probs", "topk",
          "ffn", "sigmoid_gate")        # the ops contract (strata/models/common.py) but embed and experts
@@ -149,6 +150,8 @@ class SegmentOps:
             _, used, spilled = pg.dev.end_segment()
             pg.used[self.key] = used
             if self.key not in pg.seen:
+                if len(pg.seen) >= SEEN_MAX:        # shapes that never came back (a chat's every turn starts at a
+                    pg.seen.clear()                 # new position): forget them rather than grow without bound
                 pg.seen[self.key] = not spilled and self.base.arith == self.arith
             pg.eager += 1
         self.mode = None
