@@ -94,7 +94,8 @@ ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, 
            "stop23": dict(UNSEEDED, **SLOT_REFILL),   # stop 23's runs at 52e907c
            "stop23b": dict(BALANCE, **SLOT_REFILL),   # stop 23's runs at 015a381 and after (seeded classes)
            "stop24": dict(UNPRIMED, **SLOT_REFILL),   # stop 24's runs at 113965e (the meter's margin)
-           "stop32": dict(SLOT_REFILL)}
+           "stop32": dict(SLOT_REFILL),
+           "stop33": {}}   # today's flags; every stored engine's walk choice probes (StreamWaste(counted=False))
 
 
 @contextlib.contextmanager
@@ -142,11 +143,11 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
         if layout:
             flags["layout"] = tuple((int(t), float(us)) for t, us in layout.items())
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill)
+                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill, counted=engine is None)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill=False) -> dict:
+             host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill=False, counted=True) -> dict:
     from sim.costs import PoolProbe
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
@@ -176,7 +177,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
         flags = {**flags, "probe": PoolProbe.from_json(probe)}
 
     out = {}
-    waste = StreamWaste()   # GpuEngine.stream_waste, kept across the bench's prompts and settings
+    waste = StreamWaste(counted)   # GpuEngine.stream_waste, kept across the bench's prompts and settings
 
     def session_of(run):   # a fresh policy of the run's engine, the walk choice's state shared
         return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
@@ -190,8 +191,8 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
                    refill_copies=copies, plan=(plan.chunk, plan.ring, group), **flags)   # chunks, ring, scratch
 
     # the bench's warm-up (every setting at every length) runs before the rounds: the walk choice has measured a
-    # stream-all chunk by then, and a wasteful one sends the rounds' chunks down the routed-only walk (one in
-    # STREAM_ALL_PROBE re-measures). off at every length stands for it.
+    # stream-all chunk by then, and a wasteful one sends the rounds' chunks down the routed-only walk (each counting
+    # the waste again; the stored engines': one in STREAM_ALL_PROBE re-measures). off at every length stands for it.
     cfgs.setdefault("off", setting_config("off"))
     for L in lengths:
         warm = run_of("off", L)
@@ -337,7 +338,7 @@ def main():
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
                     "stop22, stop23: those stops' runs; stop32: the runs of stops 25 to 32, a copy a lent slot in the "
-                    "loan's refill)")
+                    "loan's refill; stop33: that stop's, whose refused chunks counted no waste)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool, the link and the host's layout by the "
                     "catalogue even where the JSON holds the run's pool_probe, h2d_probe_gbps and layout_us")
     a = ap.parse_args()

@@ -32,6 +32,7 @@ from strata.policy import (
     ring_slots,
     share_policy,
     stream_all_queue,
+    unrouted_waste,
     walk_for,
 )
 
@@ -224,13 +225,17 @@ class _Runner(EngineWalks):
             # as GpuEngine._prompt_chunk: the share keeps to the chunks SPEC §3 sends down the routed-only walk,
             # and a stream-all chunk after a wasteful one takes the routed-only walk (policy.StreamWaste)
             shareable = walk is Walk.ROUTED_ONLY
+            counted = None
             if walk is Walk.STREAM_ALL and self.waste is not None and not self.waste.admit():
                 walk = Walk.ROUTED_ONLY
+                counted = [0, 0] if self.waste.counted else None   # it counts stream-all's waste from its routing
             self.result.chunks.append((start, t, walk))
             if walk is Walk.STREAM_ALL:
                 yield from (self._stream_all_chunk if self.mmq else self._engine_stream_all_chunk)(start, t, ring)
             else:
-                yield from self._routed_only_chunk(start, t, shareable)
+                yield from self._routed_only_chunk(start, t, shareable, counted)
+                if counted is not None:
+                    self.waste.note(*counted)
             start += t
         self.gpu.op("head", self.costs.head_us())
         yield self.gpu.tail
@@ -282,7 +287,9 @@ class _Runner(EngineWalks):
         return True
 
     # --- routed-only walk (chunks below stream_all_min) --------------------------------------------------
-    def _routed_only_chunk(self, start: int, t: int, shareable: bool = True):
+    def _routed_only_chunk(self, start: int, t: int, shareable: bool = True, counted: list | None = None):
+        """counted: [entries, unrouted] of the stream-all queue this chunk was refused, added to layer by layer from
+        its routing (GpuEngine.moe, policy.stream.unrouted_waste)."""
         m, c, res = self.run.model, self.costs, self.result
         eligible = self.run.share.on and shareable
         early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
@@ -298,6 +305,10 @@ class _Runner(EngineWalks):
                 grew = yield from self._pin("cpu_x_bytes", t * m.shape.n_embd * 4, 1.0)
                 self.gpu.op(f"L{l} input d2h", c.input_d2h_us(t), category="share d2h")
             cnt = yield from self._routing_sync(l, start, t, layout=not early)
+            if counted is not None:
+                n, u = unrouted_waste(cnt, self.resident[l])
+                counted[0] += n
+                counted[1] += u
             share = self.pol.share(arm) if eligible else 0.0
             choice = self.chooser.choose(cnt, self.resident[l], self.in_ram, share)
             if eligible:

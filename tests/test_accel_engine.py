@@ -163,11 +163,11 @@ def test_a_prompt_borrows_only_what_it_lays_out():
 
 def test_a_wasteful_stream_all_walk_gives_way_to_the_routed_only_walk():
     """policy.StreamWaste (ours): 2-token chunks of tiny-qwen3moe (8 experts, top-2) leave most of a stream-all
-    queue unrouted, so after the first stream-all chunk the chunks take the routed-only walk, one in 8 probing
-    stream-all again; the walk never changes the bits (against routed-only throughout), and one line says so."""
+    queue unrouted, so after the first stream-all chunk the chunks take the routed-only walk, each counting the
+    waste from its routing (no probe streams it again); the walk never changes the bits (against routed-only
+    throughout), and one line says so."""
     from strata.accel.device.host import HostDevice
     from strata.accel.engine import GpuEngine
-    from strata.policy.stream import STREAM_ALL_PROBE
 
     m = models.load(golden.model_path("tiny-qwen3moe"))
     half = m.cfg.n_layer * m.cfg.n_expert // 2
@@ -181,11 +181,37 @@ def test_a_wasteful_stream_all_walk_gives_way_to_the_routed_only_walk():
             walks[name] = [w for _, w, _ in e.stats.chunks]
         finally:
             dev.close()
-    assert walks["stream_min 0"] == (["stream-all"] + ["routed-only"] * (STREAM_ALL_PROBE - 1) + ["stream-all",
-                                                                                                  "routed-only"])
+    assert walks["stream_min 0"] == ["stream-all"] + ["routed-only"] * 9
     assert walks["routed-only"] == ["routed-only"] * 10
     assert np.array_equal(outs["stream_min 0"].view(np.uint32), outs["routed-only"].view(np.uint32))
-    assert sum(line.startswith("walk: the last stream-all chunk streamed") for line in logs) == 1, logs
+    assert sum(line.startswith("walk: the stream-all walk streamed") for line in logs) == 1, logs
+
+
+def test_a_refused_chunk_counts_the_waste_the_stream_all_walk_measures():
+    """A chunk refused stream-all counts, from its routing, the queue entries and unrouted ones that the walk
+    itself measures on the same chunk: every 2-token chunk of a prompt through an engine admitting every chunk
+    and through one refusing every chunk notes the same pairs."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    half = m.cfg.n_layer * m.cfg.n_expert // 2
+    notes = {}
+    for name, waste in (("streamed", None), ("counted", 1.0)):
+        dev = HostDevice()
+        try:
+            e = GpuEngine(m, dev, n_ctx=64, expert_cache=half, chunk=2, config=policy.Config(stream_min=0))
+            if waste is None:
+                e.stream_waste.admit = lambda: True
+            e.stream_waste.waste = waste
+            real, notes[name] = e.stream_waste.note, []
+            e.stream_waste.note = lambda n, u, _got=notes[name], _real=real: _got.append((n, u)) or _real(n, u)
+            e.prefill(list(range(5, 25)))
+        finally:
+            dev.close()
+        assert {w for _, w, _ in e.stats.chunks} == {"stream-all" if waste is None else "routed-only"}
+    assert len(notes["counted"]) == 10 and notes["counted"] == notes["streamed"], notes
+    assert all(0 < u < n for n, u in notes["counted"])
 
 
 def test_the_stream_all_walk_issues_a_layers_copies_before_its_routing_sync():

@@ -1,5 +1,6 @@
 """The stream plan (SPEC §3): stream_all_min, the walk, ring slots, streaming order."""
 
+import numpy as np
 import pytest
 
 from strata.policy.stream import ROUTED_ONLY_GROUP, ROUTED_ONLY_SLOTS
@@ -73,12 +74,38 @@ def test_orders():
 
 
 def test_stream_waste_keeps_chunks_off_a_wasteful_stream_all():
-    """ours: a chunk takes the stream-all walk while the last stream-all chunk left at most 25% of its queue
-    unrouted; refused, one chunk in 8 takes it again to re-measure, and each probe that finds it still wasteful
-    doubles the wait (up to 64)."""
-    from strata.policy.stream import STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, STREAM_ALL_WASTE_MAX
+    """ours: a chunk takes the stream-all walk while the last such chunk's queue was at most 25% unrouted; a refused
+    chunk counts the waste from its routing (note), so routing that turns dense is seen at the next chunk, and no
+    chunk is admitted to re-measure."""
+    from strata.policy.stream import STREAM_ALL_WASTE_MAX
 
     w = StreamWaste()
+    assert w.counted and w.admit()                       # nothing measured: SPEC §3's walk
+    w.note(100, 60)
+    assert not any(w.admit() for _ in range(200))        # no probes
+    w.note(100, int(100 * STREAM_ALL_WASTE_MAX))          # a refused chunk counted its routing dense enough
+    assert w.admit()
+    w.note(0, 0)                                         # an empty queue says nothing
+    assert w.admit()
+
+
+def test_unrouted_waste_counts_what_the_stream_all_queue_would_leave_unrouted():
+    """A layer's entries in stream-all's queue are its non-resident experts; the unrouted ones have no token."""
+    from strata.policy import unrouted_waste
+
+    cnt = np.array([0, 3, 0, 1, 0, 0])
+    resident = np.array([True, False, False, False, True, False])
+    assert unrouted_waste(cnt, resident) == (4, 2)                       # 1, 2, 3, 5 queued; 2 and 5 unrouted
+    queue = stream_all_queue([resident])
+    assert unrouted_waste(cnt, resident) == (len(queue), sum(cnt[e] == 0 for _, e in queue))
+
+
+def test_stream_waste_without_counting_probes():
+    """Stops 23-33's rule (StreamWaste(counted=False), the simulator's stored engines): refused, one chunk in 8 takes
+    stream-all again to re-measure, and each probe that finds it still wasteful doubles the wait (up to 64)."""
+    from strata.policy.stream import STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, STREAM_ALL_WASTE_MAX
+
+    w = StreamWaste(counted=False)
     assert w.admit() and w.admit()                       # nothing measured: SPEC §3's walk
     w.note(100, int(100 * STREAM_ALL_WASTE_MAX))          # at the limit: still admitted
     assert w.admit()

@@ -74,8 +74,34 @@ def test_skewed_routing_leaves_stream_all_after_one_chunk():
     assert walks(r2) == [R, R]
 
 
-def test_every_probe_th_refusal_measures_again():
-    r, _ = prompt("h200-host16", STREAM_ALL_PROBE + 2, skewed=True)
+def test_a_refused_chunk_counts_the_waste_and_never_probes():
+    r, session = prompt("h200-host16", STREAM_ALL_PROBE + 2, skewed=True)
+    assert walks(r) == [S] + [R] * (STREAM_ALL_PROBE + 1)
+    assert session.waste.waste == pytest.approx(10 / 14)      # each refused chunk counted it again from its routing
+
+
+def test_routing_turned_dense_takes_stream_all_at_the_next_chunk():
+    """A skewed chunk, then dense ones: the first dense chunk is refused (the last count was wasteful) and counts
+    its own routing dense, so the one after it takes stream-all again."""
+    class Switch(Routing):   # chunk 0 skewed, the rest dense
+        def counts(self, layer, start, t):
+            return np.bincount((skew if start == 0 else dense).ids[layer, start:start + t].ravel(), minlength=8)
+
+    skew, dense = routing(3 * CHUNK, True), routing(3 * CHUNK, False)
+    resident = tuple(tuple(e == 0 for e in range(8)) for _ in range(2))
+    r = Run(machine("h200-host16"), SimModel("tiny", SHAPE), 3 * CHUNK, Config(cpu_share=0.0),
+            cache_slots=200_000, routing=Switch(skew.ids), costs=FixedCosts(), residency=resident, plan=(CHUNK, RING))
+    session = Session(share_policy(r.share, r.gated))
+    assert walks(prefill(r, session)) == [S, R, S]
+    assert session.waste.waste == 0.0
+
+
+def test_the_stored_engines_probed_every_probe_th_refusal():
+    from strata.policy import StreamWaste
+
+    _, session = prompt("h200-host16", 1, skewed=False)
+    session.waste = StreamWaste(counted=False)
+    r, _ = prompt("h200-host16", STREAM_ALL_PROBE + 2, skewed=True, session=session)
     assert walks(r) == [S] + [R] * (STREAM_ALL_PROBE - 1) + [S, R]
 
 

@@ -24,8 +24,8 @@ from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
-                                  Walk as WalkKind, routed_group, routed_groups, stream_all_queue, walk_for,
-                                  walk_runs)
+                                  Walk as WalkKind, routed_group, routed_groups, stream_all_queue, unrouted_waste,
+                                  walk_for, walk_runs)
 
 
 @dataclass
@@ -121,6 +121,7 @@ class GpuEngine:
         self.n_chunks = 0                 # steps run (a routing trace's chunk index)
         self.stream_waste = StreamWaste()   # may a chunk take the stream-all walk (policy.stream, ours)
         self._unrouted = 0                  # this stream-all chunk's unrouted queue entries
+        self._counted = None                # a refused chunk's [entries, unrouted] of stream-all's queue
         self._shareable = False             # this prompt chunk may share experts with the CPU pool (SPEC §4)
         self.on_routing = None            # (layer, ids [T, K]) after each routing sync: --dump-routing
         self.stats = Stats()
@@ -317,8 +318,11 @@ class GpuEngine:
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         # the CPU share stays with the chunks SPEC §4 gives it: those SPEC §3 sends down the routed-only walk
         self._shareable = walk is WalkKind.ROUTED_ONLY
+        self._counted = None
         if walk is WalkKind.STREAM_ALL and not self.stream_waste.admit():
-            walk = WalkKind.ROUTED_ONLY        # the last stream-all chunk streamed mostly unrouted experts
+            walk = WalkKind.ROUTED_ONLY        # the last such chunk's stream-all queue was mostly unrouted
+            if self.stream_waste.counted:
+                self._counted = [0, 0]         # this chunk counts its own (moe: entries, unrouted)
         if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
         self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
@@ -337,23 +341,29 @@ class GpuEngine:
             if self._walk is not None:
                 self._note_waste(len(self._walk.entries), self._unrouted)
                 self._walk = None
+            elif self._counted is not None:
+                self._note_waste(*self._counted, streamed=False)
+                self._counted = None
         self.stats.streamed_bytes += ring.bytes_in
         self.stats.streamed_experts += ring.copies
         self.stats.chunks.append((len(tokens), walk.value, ring.copies))
         return logits
 
-    def _note_waste(self, entries: int, unrouted: int) -> None:
-        """A stream-all chunk ended: record its unrouted share; say so when that turns the walk choice."""
+    def _note_waste(self, entries: int, unrouted: int, streamed: bool = True) -> None:
+        """A chunk SPEC §3 sends down stream-all ended (`streamed`: on that walk; else refused, its count from its
+        routing): record the queue's unrouted share; say so when that turns the walk choice."""
         sw = self.stream_waste
         before = sw.dense
         sw.note(entries, unrouted)
         after = sw.dense
         if before != after:
-            self.log(f"walk: the last stream-all chunk streamed {unrouted} of {entries} experts unrouted "
+            how = "streamed" if streamed else "would have streamed (counted from a routed-only chunk's routing)"
+            again = ("each chunk refused counts it again" if sw.counted else
+                     f"one in {STREAM_ALL_PROBE} re-measures, each still wasteful doubling that, up to "
+                     f"{STREAM_ALL_PROBE_MAX}")
+            self.log(f"walk: the stream-all walk {how} {unrouted} of {entries} experts unrouted "
                      f"({100 * sw.waste:.0f}%): " + ("chunks take the stream-all walk again" if after else
-                                                     f"chunks take the routed-only walk (one in "
-                                                     f"{STREAM_ALL_PROBE} re-measures, each still wasteful "
-                                                     f"doubling that, up to {STREAM_ALL_PROBE_MAX})"))
+                                                     f"chunks take the routed-only walk ({again})"))
 
     def _step(self, tokens, bufs, all_logits: bool, decode: bool, head_out: bool = True) -> np.ndarray | None:
         """Tokens through every layer; the head's logits on the host ([T or 1, V]), or None without `head_out`
@@ -422,6 +432,10 @@ class GpuEngine:
             self.on_routing(layer, ids)
         resident = self.cache.resident(layer)
         cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
+        if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
+            n, u = unrouted_waste(cnt, resident)
+            self._counted[0] += n
+            self._counted[1] += u
         cpu, nstream = (), 0
         if share_layer:
             cb.after_sync()

@@ -31,6 +31,7 @@ from .stream import (
     stream_all_min,
     resident_runs,
     stream_all_queue,
+    unrouted_waste,
     walk_for,
     walk_runs,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "routed_only_order",
     "stream_all_min",
     "stream_all_queue",
+    "unrouted_waste",
     "walk_for",
     "StreamWaste",
     "GROUP_RESIDENT",

@@ -39,22 +39,29 @@ class Walk(Enum):
 # quarter cache in 1,280-token chunks streamed 15.1 GB for an 8K prompt on stream-all against 6.1 GB routed-only,
 # 533.7 against 330.8 ms; flash-shape, 9% of its streamed bytes unrouted, ran a 2K prompt 11% faster on stream-all.
 STREAM_ALL_WASTE_MAX = 0.25   # a chunk takes stream-all while the last one left at most this share unrouted
-STREAM_ALL_PROBE = 8          # after this many chunks kept off stream-all, one takes it again to re-measure
-STREAM_ALL_PROBE_MAX = 64     # each probe that finds the walk still wasteful doubles that wait, up to this: qwen3's
+# the probes of stops 23-33 (StreamWaste(counted=False), for the simulator's runs of those engines): after this
+# many chunks kept off stream-all, one took it again to re-measure;
+STREAM_ALL_PROBE = 8
+STREAM_ALL_PROBE_MAX = 64     # each probe that found the walk still wasteful doubled that wait, up to this: qwen3's
                               # 8K prompt (7 chunks) paid about one stream-all chunk in every prompt at 8 (+18 ms
-                              # of ~300, prefill_timeline_q8_stop23.log)
+                              # of ~300, prefill_timeline_q8_stop23.log), and ~20 ms in the prompts that carried
+                              # one at 64 (prefill_q8_r7_stop33.log)
 
 
 class StreamWaste:
     """Whether a chunk that SPEC §3 sends down the stream-all walk may take it (ours): the unrouted share of the
-    last stream-all chunk's queue, kept across chunks and prompts. A refused chunk takes the routed-only walk; every
-    STREAM_ALL_PROBE-th refusal is admitted to measure again (routing changes with the text). A probe that finds
-    the walk still wasteful doubles the refusals before the next one, up to STREAM_ALL_PROBE_MAX; one that finds it
-    dense again starts over at STREAM_ALL_PROBE."""
+    stream-all queue of the last such chunk, kept across chunks and prompts. A refused chunk takes the routed-only
+    walk, and (`counted`) counts from its own routing what that queue would have held unrouted: the queue is every
+    non-resident expert, and the routing says which of them no token routed, the very count the walk measures, with
+    nothing streamed for it (`note` takes either). So routing that turns dense again is seen at the next chunk.
+    Without `counted` (stops 23-33), a refused chunk measured nothing: every STREAM_ALL_PROBE-th refusal was admitted
+    to measure again, a probe that found the walk still wasteful doubled the refusals before the next one, up to
+    STREAM_ALL_PROBE_MAX, and one that found it dense started over at STREAM_ALL_PROBE."""
 
-    def __init__(self):
-        self.waste: float | None = None        # unrouted entries / queue entries of the last stream-all chunk
-        self.refused = 0                       # refusals since the last admitted chunk
+    def __init__(self, counted: bool = True):
+        self.counted = counted
+        self.waste: float | None = None        # unrouted entries / queue entries of the last such chunk
+        self.refused = 0                       # refusals since the last admitted chunk (not counted: the probes)
         self.every = STREAM_ALL_PROBE          # refusals before the next probe
 
     @property
@@ -65,6 +72,8 @@ class StreamWaste:
     def admit(self) -> bool:
         if self.dense:
             return True
+        if self.counted:                       # the refused chunk counts the waste itself
+            return False
         self.refused += 1
         if self.refused >= self.every:
             self.refused = 0
@@ -72,7 +81,8 @@ class StreamWaste:
         return False
 
     def note(self, entries: int, unrouted: int) -> None:
-        """A stream-all chunk ended: its queue held `entries` experts, `unrouted` of them routed to no token."""
+        """A chunk SPEC §3 sends down stream-all ended: the walk's queue held (or, refused and counted, would have
+        held) `entries` experts, `unrouted` of them routed to no token."""
         if not entries:
             return
         probe = not self.dense                 # admitted while the last one was wasteful
@@ -125,6 +135,13 @@ def routed_only_order(cnt: Sequence[int], resident: Sequence[bool], on_cpu: Sequ
     """The experts the routed-only walk streams, in id order: routed, not resident, not on the CPU."""
     cpu = set(on_cpu)
     return [e for e in range(len(cnt)) if cnt[e] > 0 and not resident[e] and e not in cpu]
+
+
+def unrouted_waste(cnt, resident) -> tuple[int, int]:
+    """One layer's part of a refused chunk's count (StreamWaste.counted): the stream-all queue's entries there (the
+    non-resident experts) and how many of them its routing leaves unrouted. cnt [E] tokens per expert, resident [E]."""
+    off = ~np.asarray(resident, bool)
+    return int(off.sum()), int((off & (np.asarray(cnt) == 0)).sum())
 
 
 def stream_all_queue(resident_by_layer: Sequence[Sequence[bool]]) -> list[tuple[int, int]]:
