@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
     a = ap.parse_args()
     import strata.accel.engine as E
+    import strata.accel.moe_block as B
     import strata.accel.moe as M
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -68,7 +69,7 @@ def main():
         setattr(k, name, timed("k." + name, getattr(k, name)))
     for name in DEVICE:
         setattr(dev, name, timed("dev." + name, getattr(dev, name)))
-    for mod, name in ((E, "placement"), (E, "row_layout"), (E, "walk_runs"), (E, "head")):
+    for mod, name in ((B, "placement"), (B, "row_layout"), (B, "walk_runs"), (E, "head")):
         setattr(mod, name, timed(name, getattr(mod, name)))
     for cls, names in ((M.ExpertRunner, ("resident_groups", "tables", "group")),
                        (E.Walk, ("prefetch", "ensure_issued", "acquire", "consume")), (E.Ring, ("release",))):

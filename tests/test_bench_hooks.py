@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-MODULES = ("strata.accel.stream", "strata.accel.moe", "strata.accel.engine", "strata.accel.cpu_block",
+MODULES = ("strata.accel.stream", "strata.accel.moe", "strata.accel.engine", "strata.accel.moe_block",
+           "strata.accel.prompt_graph", "strata.accel.cpu_block",
            "strata.accel.cache", "strata.accel.cpu.pool", "strata.accel.arena", "strata.accel.gpu.cuda_kernels",
            "strata.accel.decode_graph", "strata.accel.dense")
 NAMED = re.compile(r"\b([A-Z]\w+)\.([A-Za-z_]\w*)\b")

@@ -1,8 +1,9 @@
 """The GPU engine: a MoE model whose experts do not fit in VRAM (SPEC §3, §7, §8, §9).
 
 Owners: `ExpertCache` (residency), `Arena` (pinned blobs), `Ring`/`Walk` (streaming), `ExpertRunner` (expert
-groups), `DeviceOps` (dense ops for the model files). This file is the loop: per chunk, pick the walk; per layer,
-the model file's block runs on DeviceOps and calls back into `moe()` for the routed experts.
+groups), `DeviceOps` (dense ops for the model files), `PromptGraphs` (a prompt's dense parts as captured graphs).
+This file is the loop: per chunk, pick the walk; per layer, the model file's block runs on DeviceOps (or a chunk's
+SegmentOps) and calls back into `moe()` (moe_block.py) for the routed experts.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
 from strata.accel.memplan import GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
-from strata.accel.moe import FEW_ROWS, ExpertRunner, placement, row_layout
+from strata.accel.moe import FEW_ROWS, ExpertRunner
+from strata.accel.moe_block import MoeBlock
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
-                                  Walk as WalkKind, routed_group, routed_groups, stream_all_queue, unrouted_waste,
-                                  walk_for, walk_runs)
+                                  Walk as WalkKind, stream_all_queue, walk_for)
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Stats:
         return self.hits / self.lookups if self.lookups else 0.0
 
 
-class GpuEngine:
+class GpuEngine(MoeBlock):
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
                  expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
@@ -405,122 +406,3 @@ class GpuEngine:
         self.pos += T
         self.n_chunks += 1
         return None if logits is None else self.dev.tohost(logits)
-
-    # --- the MoE block ------------------------------------------------------------------------------------------
-    def moe(self, h, layer: int, ids_dev, w_dev, out=None):
-        """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
-        `out` where given)."""
-        c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
-        T, K = h.shape[0], c.n_expert_used
-        bufs = self._runner.bufs
-        cb = self.cpu_block
-        # the CPU share: routed-only walk of a prompt chunk, pool present (SPEC §4); decode misses (SPEC §8)
-        share_layer = cb is not None and not self._decode and self._shareable and self.share.on
-        arm = False
-        if share_layer:
-            arm = cb.begin_layer(layer, h, s)
-        elif self._decode and cb is not None:
-            dev.d2h(cb.x_host[:T], h, s)
-        dev.d2h(self.ids_host[:T * K], ids_dev, s)
-        self.sync_ev.record(s)
-        t_sync = time.perf_counter()
-        self.sync_ev.synchronize()                                              # the routing sync
-        t_synced = time.perf_counter()
-        self.stats.sync_wait_s += t_synced - t_sync
-        ids = self.ids_host[:T * K].reshape(T, K).copy()
-        if self.on_routing:
-            self.on_routing(layer, ids)
-        resident = self.cache.resident(layer)
-        cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
-        if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
-            n, u = unrouted_waste(cnt, resident)
-            self._counted[0] += n
-            self._counted[1] += u
-        cpu, nstream = (), 0
-        if share_layer:
-            cb.after_sync()
-            cpu, nstream = cb.choose(cnt, resident, arm)
-        elif self._decode and cb is not None:
-            cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
-        parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
-        walk = None
-        if self._walk is None and parts[1].size:     # routed-only: the first copies go before the layout and
-            walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()],
-                        group=routed_group(self._ring.n, self._runner.bufs.group))
-            walk.prefetch()                          # tables are built (the link idles from the sync until then)
-        lay = row_layout(ids, cnt, parts)
-        if self._decode:
-            self.stats.lookups += int((lay.cnt > 0).sum())
-            self.stats.hits += len(lay.resident)
-            self.tier.note(layer, ids.ravel().tolist())
-        R = T * K
-        if share_layer:
-            cb.launch(layer, lay, s, threaded=True)                             # the CPU runs beside the GPU
-        # compute order (not row order): one resident group while the first copies land, then a resident group
-        # after each streamed group, so the compute stream reaches each streamed group's dequantisation, which
-        # frees its ring slots, early (bench/prefill.py on the H200: 5-15% faster than streamed-first).
-        # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
-        # upload carries the whole layer's tables, the row tables (slot, src) with them.
-        res_groups = self._runner.resident_groups(lay.resident, lay)
-        sgroups, unrouted = [], {}
-        if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
-            walk = self._walk
-            sgroups, unrouted = self._stream_all_groups(layer, lay)
-        elif walk is not None:       # routed-only: this layer's streamed experts in id order, a group ahead
-            # (policy.routed_group: 16 a group, 4 in decode's 8-slot ring): one group's copies land while the group
-            # before computes
-            sgroups = walk_runs(list(range(len(lay.streamed))), walk.group, self._ring.n)
-        cache = self.cache
-        plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
-        plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
-        if plan:
-            tabs, (slot_dev, src_dev) = self._runner.tables(layer, plan, lay, riders=(lay.slot, lay.src))
-        else:                                            # every routed expert on the CPU
-            tabs, (slot_dev, src_dev) = [], k.upload_many([lay.slot, lay.src], s)
-        k.gather_f16(bufs.xg[:R], h, src_dev, s)                                # Xg [R, D] fp16, row order
-        res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
-        if not self._decode:
-            self.stats.layout_s += time.perf_counter() - t_synced
-            self.stats.layouts += 1
-        ri = 0
-        if res_groups and sgroups:          # the compute stream is idle while the first copies land
-            self._runner.group(layer, res_groups[0], res_tabs[0], lay)
-            ri = 1
-        for gi, grp in enumerate(sgroups):
-            if grp[0] in unrouted:                     # release the unrouted entries the walk has passed
-                walk.consume(unrouted[grp[0]])
-            walk.ensure_issued(grp[-1])
-            walk.acquire(grp)
-            self._runner.group(layer, plan[len(res_groups) + gi][0], str_tabs[gi], lay,
-                               on_released=lambda g=grp: walk.consume(g))
-            walk.prefetch()
-            if ri < len(res_groups):
-                self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
-                ri += 1
-        if None in unrouted:
-            walk.consume(unrouted[None])
-        if self._walk is not None:
-            self._walk.prefetch()            # stream-all: the next layer's experts go out before its routing sync
-        for ri in range(ri, len(res_groups)):
-            self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
-        if share_layer:
-            cb.gpu_done(s)
-        elif self._decode and cb is not None and lay.cpu:
-            cb.launch(layer, lay, s, threaded=False)                            # after the GPU work is queued
-            cb.decode_sample(len(lay.cpu), self.plan.slot_bytes / (self.h2d_gbps * 1e6))
-        if cb is not None:
-            cb.finish(layer, lay, nstream, bufs.dm, s, eligible=share_layer)
-        if out is None:
-            out = dev.empty((T, c.n_embd), np.float32)
-        k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
-        return out
-
-    def _stream_all_groups(self, layer, lay):
-        """The stream-all walk's groups of this layer's routed entries, and the unrouted entries to release:
-        unrouted[first entry of a group] = those passed before it, unrouted[None] = those after the last."""
-        walk = self._walk
-        rng = self._layer_entries.get(layer, range(0))
-        groups, unrouted = routed_groups(walk.entries, rng, set(lay.streamed),
-                                         min(self._runner.bufs.group, self._ring.n // 2), self._ring.n)
-        self._unrouted += sum(len(v) for v in unrouted.values())
-        return groups, unrouted
