@@ -75,12 +75,13 @@ def test_padded_segments_keep_the_unpadded_bits_on_the_twin(name):
                 e = _engine(m, dev, graphs, config={"stream_min": stream_min})
                 for _ in range(3):                      # eager, capture, replay
                     e.reset()
-                    out[graphs] = e.prefill(ids)
+                    out[graphs] = e.prefill(ids, all_logits=True)       # every real row's logits [T, V]
             finally:
                 dev.close()
             if graphs:
                 assert {k[1:] for k in e.pgraphs.graphs} == {(64, 0), (64, 64), (64, 128)}
                 assert e.pgraphs.replays == 3 * m.cfg.n_layer
+        assert out[True].shape == (len(ids), m.cfg.n_vocab)
         assert np.array_equal(_bits(out[True]), _bits(out[False])), f"stream_min {stream_min}"
 
 
