@@ -148,11 +148,12 @@ class SegmentOps:
             pg.capture_s += time.perf_counter() - self.t0
         else:
             _, used, spilled = pg.dev.end_segment()
-            pg.used[self.key] = used
             if self.key not in pg.seen:
                 if len(pg.seen) >= SEEN_MAX:        # shapes that never came back (a chat's every turn starts at a
                     pg.seen.clear()                 # new position): forget them rather than grow without bound
+                    pg.used.clear()
                 pg.seen[self.key] = not spilled and self.base.arith == self.arith
+            pg.used[self.key] = used
             pg.eager += 1
         self.mode = None
 
