@@ -253,3 +253,22 @@ def test_the_switch_turns_the_graphs_and_their_memory_off():
         dev.close()
     assert off.pgraphs is None and on.pgraphs is not None
     assert on.plan.decode - off.plan.decode == graph_temp_bytes(m.cfg, CHUNK) - temp_bytes(m.cfg, CHUNK) > 0
+
+
+def test_keys_met_once_are_forgotten_past_seen_max(monkeypatch):
+    """Shapes that never come back (every chat turn starts at a new position) do not grow the engine's memory: past
+    SEEN_MAX keys met once, they are forgotten (a key met again later runs eagerly again)."""
+    import strata.accel.prompt_graph as pgm
+
+    monkeypatch.setattr(pgm, "SEEN_MAX", 3)
+    m = models.load(golden.model_path("tiny-mixtral"))
+    dev = HostDevice()
+    try:
+        e = _engine(m, dev)
+        sizes = []
+        for n in (10, 30, 50, 70):                  # new positions each time: the prompt continues
+            e.prefill(_prompt(m, 5, n))
+            sizes.append((len(e.pgraphs.seen), len(e.pgraphs.used)))
+    finally:
+        dev.close()
+    assert max(max(s) for s in sizes) <= 3 and e.pgraphs.captures == 0, sizes
