@@ -102,6 +102,19 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
 
 
+def test_the_carver_refuses_buffers_past_its_region():
+    """What makes the loan tests able to fail: carving one byte past the lent region raises, alignment included."""
+    c = Carver(_Dev(), _Region(1000))
+    c.take((100,), np.float32)                      # [0, 400)
+    c.take((100,), np.uint8)                        # aligned to 512: [512, 612)
+    c.take((232,), np.uint8)                        # [768, 1000): exactly full
+    assert c.used == 1000
+    with pytest.raises(MemoryError, match="1025 bytes carved, the region has 1000"):
+        c.take((1,), np.uint8)                      # aligned to 1024
+    dry = Carver(None, _Region(10))
+    assert dry.take((100,), np.float32) is None and dry.used == 400      # a dry run only counts
+
+
 @pytest.mark.parametrize("preset", ["flash-shape", "qwen3-30b-a3b"])
 def test_budget_holding_gives_exactly_that_cache(preset):
     """budget_holding (the benchmarks' emulated smaller card) plans exactly the cache it was asked for."""

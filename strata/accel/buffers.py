@@ -11,30 +11,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.accel.device.base import Bump
 from strata.accel.gpu.cuda_decode import attn_decode_cols
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 from strata.models.base import QKNorm
 
-ALIGN = 256
+ALIGN = Bump.ALIGN
 
 
 class Carver:
-    """Bump allocator over a flat uint8 device array (or, with region=None, a dry run that only counts)."""
+    """A step's buffers carved from a flat uint8 device array (device.base.Bump), or with region=None each its own
+    allocation, counted; with dev=None a dry run that only counts."""
 
     def __init__(self, dev, region=None):
-        self.dev, self.region, self.used = dev, region, 0
+        self.dev, self.region = dev, region
+        self._bump = Bump(region if dev is not None else None)     # carving past the region raises MemoryError
+
+    @property
+    def used(self) -> int:
+        return self._bump.used
 
     def take(self, shape, dtype):
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        start = -(-self.used // ALIGN) * ALIGN
-        self.used = start + n
-        if self.dev is None:
-            return None
-        if self.region is None:
-            return self.dev.empty(shape, dt)
-        assert self.used <= self.region.nbytes, f"buffers need {self.used} bytes, the region has {self.region.nbytes}"
-        return self.region[start:start + n].view(dt).reshape(shape)
+        if self.dev is None or self.region is None:
+            self._bump.take(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+            return None if self.dev is None else self.dev.empty(shape, dtype)
+        return self._bump.view(shape, dtype)
 
 
 @dataclass

@@ -169,23 +169,32 @@ class Device(abc.ABC):
 
 
 class Bump:
-    """`begin_segment`'s allocator: offsets into a region, ALIGN-aligned, none reused."""
+    """Offsets into a flat uint8 region, ALIGN-aligned, none reused: `begin_segment`'s allocator and the step
+    buffers' (buffers.Carver). region None counts without a bound (a dry run). Past the region's end: None where
+    `spill` (the caller takes the bytes elsewhere), else MemoryError."""
 
     ALIGN = 256
 
-    def __init__(self, region, spill: bool):
+    def __init__(self, region=None, spill: bool = False):
         self.region, self.spill, self.used, self.spilled = region, spill, 0, False
 
     def take(self, nbytes: int) -> int | None:
-        """The offset of `nbytes` new bytes, or None when they do not fit (the caller takes them elsewhere)."""
+        """The offset of `nbytes` new bytes, or None when they do not fit and may spill."""
         start = -(-self.used // self.ALIGN) * self.ALIGN
-        if start + nbytes > self.region.nbytes:
+        if self.region is not None and start + nbytes > self.region.nbytes:
             if not self.spill:
-                raise MemoryError(f"a captured segment needs more than its region's {self.region.nbytes} bytes")
+                raise MemoryError(f"{start + nbytes} bytes carved, the region has {self.region.nbytes}")
             self.spilled = True
             return None
         self.used = start + nbytes
         return start
+
+    def view(self, shape, dtype):
+        """A new [shape] dtype array in the region, or None (spilled)."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        off = self.take(n)
+        return None if off is None else self.region[off:off + n].view(dt).reshape(shape)
 
 
 class Graph:

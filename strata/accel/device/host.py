@@ -117,14 +117,8 @@ class HostDevice(Device):
         self.k = HostKernels(self)
 
     def empty(self, shape, dtype):
-        b = self._bump
-        if b is not None:
-            dt = np.dtype(dtype)
-            n = int(np.prod(shape)) * dt.itemsize
-            off = b.take(n)
-            if off is not None:
-                return b.region[off:off + n].view(dt).reshape(shape)
-        return np.empty(shape, dtype)
+        got = None if self._bump is None else self._bump.view(shape, dtype)     # an open segment's region
+        return np.empty(shape, dtype) if got is None else got
 
     def begin_segment(self, region, capture: bool) -> None:
         super().begin_segment(region, capture)
