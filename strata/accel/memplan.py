@@ -12,6 +12,7 @@ from strata import policy
 from strata.accel.buffers import attn_scratch_bytes, decode_scores_bytes, layout_bytes, temp_bytes
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
+from strata.accel.prompt_graph import graph_temp_bytes
 from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
 from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots, ring_slots
 
@@ -209,8 +210,6 @@ def _loan_plan(b: _Parts, slots: int, ceiling: int, lend_pct: int, groups, kind)
 
 def _temps(graphs: bool):
     """A chunk's step temporaries, (cfg, tokens) -> bytes: with prompt graphs or without."""
-    from strata.accel.prompt_graph import graph_temp_bytes
-
     return graph_temp_bytes if graphs else temp_bytes
 
 

@@ -132,8 +132,8 @@ class SegmentOps:
             self.mode, self.tape, self.i = REPLAY, seg.tape, 0
             return
         capture = pg.seen.get(key, False)
-        self.mode, self.tape, self.arith, self.t0 = (CAPTURE if capture else EAGER), [], self.base.arith, \
-            time.perf_counter()
+        self.mode, self.tape, self.arith, self.t0 = (CAPTURE if capture else EAGER), ([] if capture else None), \
+            self.base.arith, time.perf_counter()
         pg.dev.begin_segment(pg.regions[layer % 2], capture=capture)
 
     def _close(self) -> None:
