@@ -79,6 +79,7 @@ def test_share_max():
         ("DBG_LINK_GBPS", "-12", "expected a bandwidth in GB/s above 0"),
         ("DECODE_GRAPH", "sometimes", "expected a switch"),
         ("PROMPT_GRAPH", "abc", "expected a switch"),
+        ("PROMPT_GUESS", "abc", "expected a switch"),
     ],
 )
 def test_rejects_name_the_variable(name, value, message):
@@ -113,6 +114,7 @@ def test_values():
     assert cfg(PREFILL_REPEAT_MIN_TOKENS="100").repeat_min_tokens == 256  # clamped to >= 256
     assert not cfg(DECODE_GRAPH="0").decode_graph and cfg(DECODE_GRAPH="on").decode_graph
     assert not cfg(PROMPT_GRAPH="0").prompt_graph and cfg(PROMPT_GRAPH="1").prompt_graph
+    assert not cfg(PROMPT_GUESS="off").prompt_guess and cfg().prompt_guess
 
 
 def test_from_process(monkeypatch):

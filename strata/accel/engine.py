@@ -25,6 +25,7 @@ from strata.accel.moe_block import MoeBlock
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
+from strata.policy.guess import RouteMemory
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
                                   Walk as WalkKind, stream_all_queue, walk_for)
 
@@ -44,6 +45,8 @@ class Stats:
     hits: int = 0              # of which resident
     tier_moves: int = 0        # adaptive-tier admissions (SPEC §7)
     loan_slots: int = 0        # cache slots the last prompt borrowed (policy.prompt_loan)
+    guessed: int = 0           # experts streamed before their layer's routing sync on a guess (policy.guess)
+    guessed_unrouted: int = 0  # of which the sync found unrouted
     chunks: list = field(default_factory=list)
 
     @property
@@ -130,6 +133,11 @@ class GpuEngine(MoeBlock):
         self._ring: Ring | None = None
         self._runner: ExpertRunner | None = None
         self._layer_entries: dict[int, range] = {}
+        # routed-only prompt chunks stream each layer's likely experts before its routing sync (policy.guess): the
+        # memory is of recent prompts' routing, kept across prompts and resets; _pre: (layer, the guessed walk)
+        self.guess = self.config.prompt_guess
+        self.routes = RouteMemory(c.n_layer, c.n_expert)
+        self._pre: tuple[int, Walk] | None = None
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
         if self.cpu_block is not None and self.share.on and self.cpu_block.auto:
             self._prime_share()
@@ -327,7 +335,7 @@ class GpuEngine(MoeBlock):
         if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
         self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
-        self._ring, self._walk = ring, None
+        self._ring, self._walk, self._pre = ring, None, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])
             self._walk = Walk(ring, self.arena, queue)     # its first copies go after the embedding's (_step)
@@ -386,6 +394,8 @@ class GpuEngine(MoeBlock):
                 # upload: H2D copies share the copy engine in issue order, and the rows queued behind a ring of
                 # experts held layer 0's MoE block back by the ring's transfer time (prefill_timeline_stop19.log)
                 self._walk.prefetch()
+            elif not decode:
+                self._guess(0, T)                              # routed-only: layer 0's likely experts, likewise
             if ops is not self.ops:
                 ops.start()                                   # the first segment opens after those copies
             pos = np.arange(self.pos, self.pos + x.shape[0])

@@ -114,6 +114,12 @@ def run_gpu(a, dev) -> int:
         s = eng.stats
         note(f"expert cache: {eng.cache.n_resident()} resident, decode hit rate {100 * s.hit_rate:.1f}% "
              f"({s.hits} of {s.lookups}); streamed {s.streamed_experts} experts, {s.streamed_bytes / 2**20:.1f} MiB")
+        if eng.guess and eng.cpu_block is not None and eng.share.on:
+            note("guessed walks: none while the prefill CPU share is on (it picks its experts after each routing "
+                 "sync; STRATA_PREFILL_CPU_SHARE=0 turns it off)")
+        elif eng.guess and eng.dev.kind == "cuda":
+            note(f"guessed walks: {s.guessed} experts streamed before their layer's routing sync, "
+                 f"{s.guessed_unrouted} of them unrouted (STRATA_PROMPT_GUESS=0 turns them off)")
         pg = eng.pgraphs
         if pg is not None:
             note(f"prompt graphs: {pg.eager} segments eager, {pg.captures} captured ({pg.capture_s * 1e3:.1f} ms), "

@@ -43,6 +43,10 @@ class MoeBlock:
             self.on_routing(layer, ids)
         resident = self.cache.resident(layer)
         cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
+        pre, self._pre = self._pre, None                   # the walk this layer's guess started (_guess)
+        if not self._decode:
+            assert pre is None or (pre[0] == layer and not share_layer), (pre, layer)
+            self.routes.note(layer, cnt, T)
         if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
             n, u = unrouted_waste(cnt, resident)
             self._counted[0] += n
@@ -55,7 +59,14 @@ class MoeBlock:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
         walk = None
-        if self._walk is None and parts[1].size:     # routed-only: the first copies go before the layout and
+        if pre is not None:                          # a guessed walk: the routed experts it missed go after it
+            walk = pre[1]
+            guessed = {e for _, e in walk.entries}
+            walk.extend([(layer, e) for e in parts[1].tolist() if e not in guessed])
+            walk.prefetch()
+            routed = set(parts[1].tolist())          # the row layout takes the walk's order (groups are row runs)
+            parts = (parts[0], np.asarray([e for _, e in walk.entries if e in routed], parts[1].dtype), parts[2])
+        elif self._walk is None and parts[1].size:   # routed-only: the first copies go before the layout and
             walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()],
                         group=routed_group(self._ring.n, self._runner.bufs.group))
             walk.prefetch()                          # tables are built (the link idles from the sync until then)
@@ -77,6 +88,10 @@ class MoeBlock:
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
             walk = self._walk
             sgroups, unrouted = self._stream_all_groups(layer, lay)
+        elif pre is not None:        # a guessed walk: its unrouted guesses free their slots as the groups pass
+            sgroups, unrouted = routed_groups(walk.entries, range(len(walk.entries)), set(lay.streamed),
+                                              routed_group(self._ring.n, self._runner.bufs.group), self._ring.n)
+            self.stats.guessed_unrouted += sum(len(v) for v in unrouted.values())
         elif walk is not None:       # routed-only: this layer's streamed experts in id order, a group ahead
             # (policy.routed_group: 16 a group, 4 in decode's 8-slot ring): one group's copies land while the group
             # before computes
@@ -114,6 +129,8 @@ class MoeBlock:
             self._walk.prefetch()            # stream-all: the next layer's experts go out before its routing sync
         for ri in range(ri, len(res_groups)):
             self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
+        if not self._decode and layer + 1 < c.n_layer:
+            self._guess(layer + 1, T)        # this layer's walk is consumed: the next layer's guess may go out
         if share_layer:
             cb.gpu_done(s)
         elif self._decode and cb is not None and lay.cpu:
@@ -125,6 +142,21 @@ class MoeBlock:
             out = dev.empty((T, c.n_embd), np.float32)
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
+
+    def _guess(self, layer: int, T: int) -> None:
+        """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes
+        (policy.guess, a ring's worth) before its routing sync, so the link carries them while the GPU finishes the
+        layer before and the host waits in the sync. Not with the CPU share on the chunk: it picks its experts
+        after the sync."""
+        if not self.guess or self._walk is not None or (self.cpu_block is not None and self._shareable
+                                                         and self.share.on):
+            return
+        experts = self.routes.guess(layer, T, self.cache.resident(layer), self._ring.n)
+        if experts:
+            walk = Walk(self._ring, self.arena, [(layer, e) for e in experts])
+            walk.prefetch()
+            self._pre = (layer, walk)
+            self.stats.guessed += len(experts)
 
     def _stream_all_groups(self, layer, lay):
         """The stream-all walk's groups of this layer's routed entries, and the unrouted entries to release:

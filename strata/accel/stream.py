@@ -23,6 +23,7 @@ class Ring:
         # last groups read these slots and which the host did not wait for
         self.used = [after] * self.n
         self._waited = None                  # the last `used` event the copy stream waits for (skip repeats)
+        self.cursor = 0                      # the slot after the last one a walk took: the next walk starts there
         self.bytes_in = 0
         self.copies = 0                      # experts copied
         self.transfers = 0                   # copy calls (a run of neighbouring experts is one)
@@ -63,15 +64,28 @@ class Walk:
     marks entries done and releases their slots."""
 
     def __init__(self, ring: Ring, arena, entries: list[tuple[int, int]], group: int | None = None):
-        self.ring, self.arena, self.entries = ring, arena, entries
-        self.order = IssueOrder(entries, ring.n)
+        self.ring, self.arena, self.entries = ring, arena, list(entries)
+        # entry k -> slot (base + k) mod R: a walk starts at the slot after the last walk's, whose last group's
+        # slots (held longest) its first copies would otherwise wait for
+        self.base = ring.cursor
+        ring.cursor = (self.base + len(self.entries)) % ring.n
+        self.order = IssueOrder(self.entries, ring.n, self.base)
         # the routed-only walk computes entries in groups of `group` in queue order: only a copy that carries a
         # group's last entry needs an event (a CUDA event per copy run was a tenth of a short prompt's host time)
         self.group = group
         self._copied: list = [None] * len(entries)   # the event after the copy that carried entry k
 
     def slot(self, k: int) -> int:
-        return k % self.ring.n
+        return (self.base + k) % self.ring.n
+
+    def extend(self, entries: list[tuple[int, int]]) -> None:
+        """Append entries (a guessed walk takes, after the routing sync, the routed experts it did not guess). The
+        walk must be the ring's newest."""
+        assert self.ring.cursor == (self.base + len(self.entries)) % self.ring.n, "a walk after this one took slots"
+        self.entries += entries
+        self._copied += [None] * len(entries)
+        self.order.grew()
+        self.ring.cursor = (self.base + len(self.entries)) % self.ring.n
 
     def _issue(self, k0: int, k1: int) -> None:
         """Copy entries [k0, k1) (one layer's neighbouring experts, neighbouring slots) in one run."""
@@ -96,7 +110,7 @@ class Walk:
 
     def slots(self, ks: list[int]) -> np.ndarray:
         """The ring slots entries `ks` land in (fixed by the entry index, so known before they are issued)."""
-        return np.asarray(ks, np.int64) % self.ring.n
+        return (np.asarray(ks, np.int64) + self.base) % self.ring.n
 
     def acquire(self, ks: list[int]) -> None:
         """Make later compute wait for entries `ks` (issued, in order): copies land in order, so the event of

@@ -71,6 +71,8 @@ class Config:
     dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
     decode_graph: bool = True              # STRATA_DECODE_GRAPH: single-token decode as one captured graph (SPEC §8)
     prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts as captured segments (ours)
+    prompt_guess: bool = True              # STRATA_PROMPT_GUESS: stream a layer's likely experts before its routing
+                                           # sync (policy.guess, ours)
 
     def __post_init__(self):
         s = self.cpu_share
@@ -119,14 +121,14 @@ _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRAT
     "repeat_loan", "repeat_min_tokens")}
 _VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
              gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH",
-             prompt_graph="STRATA_PROMPT_GRAPH")
+             prompt_graph="STRATA_PROMPT_GRAPH", prompt_guess="STRATA_PROMPT_GUESS")
 _INTS = {  # field -> (lowest, highest, default)
     "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
     "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
 }
 # fmt: on
 _FLAGS = {f: False for f in ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")}
-_FLAGS["decode_graph"] = _FLAGS["prompt_graph"] = True   # field -> value when unset
+_FLAGS["decode_graph"] = _FLAGS["prompt_graph"] = _FLAGS["prompt_guess"] = True   # field -> value when unset
 
 
 def from_process() -> Config:

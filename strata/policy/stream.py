@@ -157,11 +157,15 @@ class IssueOrder:
     (an unrouted entry inside a group's span). strata/accel/stream.py Walk issues its copies by it and
     sim/walks.py HostIssue times them by it."""
 
-    def __init__(self, entries: Sequence[tuple[int, int]], ring: int):
-        self.entries, self.R = entries, ring
+    def __init__(self, entries: Sequence[tuple[int, int]], ring: int, base: int = 0):
+        self.entries, self.R, self.base = entries, ring, base      # entry k -> slot (base + k) mod R
         self.issued = 0                                  # entries [0, issued) have their copy enqueued
         self.consumed = 0                                # the watermark: entries [0, consumed) are all done
         self._done = np.zeros(len(entries) + 1, bool)
+
+    def grew(self) -> None:
+        """Entries were appended to the queue (a guessed walk takes, after the sync, the routed experts it missed)."""
+        self._done = np.concatenate([self._done, np.zeros(len(self.entries) + 1 - self._done.size, bool)])
 
     def _limit(self) -> int:
         return min(len(self.entries), self.consumed + self.R)
@@ -170,7 +174,7 @@ class IssueOrder:
         k0 = self.issued
         l, e0 = self.entries[k0]
         k1 = k0 + 1
-        while k1 < limit and k1 % self.R and self.entries[k1] == (l, e0 + k1 - k0):
+        while k1 < limit and (self.base + k1) % self.R and self.entries[k1] == (l, e0 + k1 - k0):
             k1 += 1
         self.issued = k1
         return k0, k1
