@@ -100,3 +100,33 @@ def test_a_lent_region_refills_in_event_batches(kind):
         assert cache.slot_of[l, e] == s and (got[s] == (l * E + e) % 251).all(), f"slot {s}"
     assert region is not None
     dev.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_walks_share_a_ring_without_overwriting_a_held_slot(kind):
+    """Ring and Walk (strata/accel/stream.py): a walk starts at the slot after the last walk's; an entry consumed
+    before its copy was issued (stream-all's unrouted) leaves its slot free; and a copy into a slot whose blob still
+    waits for its readers is refused, so two walks cannot overlap."""
+    from strata.accel.stream import Ring, Walk
+
+    dev = _device(kind)
+    L, E, nbytes, R = 2, 12, 256, 4
+    arena = _Arena(dev, L, E, nbytes)
+    ring = Ring(dev, dev.zeros((R, nbytes), np.uint8))
+    a = Walk(ring, arena, [(0, e) for e in range(6)])
+    a.consume([2])                                       # unrouted, before its copy
+    a.prefetch()                                         # entries 0-3 into slots 0-3 (the watermark is at 0)
+    assert ring.held == [True, True, False, True]
+    a.consume([0, 1])
+    a.prefetch()                                         # entries 4, 5 into slots 0, 1
+    assert ring.held == [True, True, False, True]
+    b = Walk(ring, arena, [(1, 0)])                      # starts at slot 2 (the cursor), which is free
+    assert b.base == 2 and ring.cursor == 3
+    b.prefetch()
+    c = Walk(ring, arena, [(1, 1)])                      # slot 3: entry 3 of a still waits for its readers
+    with pytest.raises(RuntimeError, match="still held"):
+        c.prefetch()
+    dev.synchronize()
+    got = _host(dev, ring.buf)
+    assert (got[2] == E % 251).all() and (got[0] == 4).all() and (got[1] == 5).all() and (got[3] == 3).all()
+    dev.close()

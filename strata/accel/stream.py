@@ -24,6 +24,7 @@ class Ring:
         self.used = [after] * self.n
         self._waited = None                  # the last `used` event the copy stream waits for (skip repeats)
         self.cursor = 0                      # the slot after the last one a walk took: the next walk starts there
+        self.held = [False] * self.n         # slot i holds a blob whose readers are not enqueued yet
         self.bytes_in = 0
         self.copies = 0                      # experts copied
         self.transfers = 0                   # copy calls (a run of neighbouring experts is one)
@@ -34,6 +35,9 @@ class Ring:
         recorded after the copy (None when `record` is off: a later copy's event covers this one, the copy stream
         being in order)."""
         m, nb = blobs.shape
+        if any(self.held[s0:s0 + m]):        # two walks overlap (a guessed one must stay in the free slots)
+            raise RuntimeError(f"ring: a copy into slots {s0}..{s0 + m - 1}, one still held for its readers")
+        self.held[s0:s0 + m] = [True] * m
         for i in range(s0, s0 + m):
             used = self.used[i]
             if used is not None and used is not self._waited:
@@ -55,6 +59,7 @@ class Ring:
         ev.record(self.dev.compute)
         for i in slots:
             self.used[i] = ev
+            self.held[i] = False
 
 
 class Walk:
@@ -95,6 +100,8 @@ class Walk:
         ev = self.ring.copy_run(self.slot(k0), self.arena.run(l, e0, e0 + k1 - k0), record=ends)
         for k in range(k0, k1):
             self._copied[k] = ev
+            if self.order.done(k):           # consumed before its copy (stream-all's unrouted): nothing will read it
+                self.ring.held[self.slot(k)] = False
 
     def ensure_issued(self, k: int) -> None:
         """Issue up to entry k (its slot's entry R before must have been consumed)."""

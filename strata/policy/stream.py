@@ -167,6 +167,9 @@ class IssueOrder:
         """Entries were appended to the queue (a guessed walk takes, after the sync, the routed experts it missed)."""
         self._done = np.concatenate([self._done, np.zeros(len(self.entries) + 1 - self._done.size, bool)])
 
+    def done(self, k: int) -> bool:
+        return bool(self._done[k])
+
     def _limit(self) -> int:
         return min(len(self.entries), self.consumed + self.R)
 
