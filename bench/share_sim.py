@@ -73,8 +73,12 @@ EMULATED_COPY_US = 7.0
 # stream-all chunk's first copies before the embedding's upload (a7c891c: embed_ab_stop21.log) and refilled a
 # prompt's loan through CuPy views with an event a slot (d7467e0: rows_ab_stop21.log); "stop32": the runs of stops 25
 # to 32 (the engines before those above are also these): a copy a lent slot in the loan's refill, before ac18e97
-# (stop 33, ab_refill_stop33.log); None: today's
-SLOT_REFILL = dict(slot_refill=True)        # before ac18e97: a copy a lent slot (sim.engine.Run.refill_copies None)
+# (stop 33, ab_refill_stop33.log); "stop34": that stop's runs (169bccd and after: a refused chunk counts the waste);
+# every one of them streamed no expert before its layer's routing sync, each walk from ring slot 0 (guessed walks,
+# stop 35: policy.guess); None: today's
+NO_GUESS = dict(guess=False)                # before stop 35: no guessed walks (sim.engine.Run.guess)
+SLOT_REFILL = dict(slot_refill=True, **NO_GUESS)   # before ac18e97: a copy a lent slot (Run.refill_copies None);
+#                                                    and no guess, as every stored engine
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85, **SLOT_REFILL)   # before a7c891c and d7467e0
 # before auto's meter per layer (78d1d29, stop 23), before a new size class's meter started from the last one's
 # (015a381, stop 23), before the meter's margin (c0a2aac, stop 24), before its start from a load probe (stop 24)
@@ -95,7 +99,8 @@ ENGINES = {"stop17": dict(routed_group=8, host_embed=True, event_per_copy=True, 
            "stop23b": dict(BALANCE, **SLOT_REFILL),   # stop 23's runs at 015a381 and after (seeded classes)
            "stop24": dict(UNPRIMED, **SLOT_REFILL),   # stop 24's runs at 113965e (the meter's margin)
            "stop32": dict(SLOT_REFILL),
-           "stop33": {}}   # today's flags; every stored engine's walk choice probes (StreamWaste(counted=False))
+           "stop33": dict(NO_GUESS),   # every stored engine's walk choice probes (StreamWaste(counted=False)) ...
+           "stop34": dict(NO_GUESS, counted=True)}   # ... but stop 34's (169bccd: a refused chunk counts the waste)
 
 
 @contextlib.contextmanager
@@ -139,11 +144,12 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     slots = flags.pop("routed_slots", None)
     group = routed_group or group
     slot_refill = flags.pop("slot_refill", False)
+    counted = flags.pop("counted", engine is None)   # the walk choice's (policy.StreamWaste)
     with routed_walk(group, slots):
         if layout:
             flags["layout"] = tuple((int(t), float(us)) for t, us in layout.items())
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill, counted=engine is None)
+                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill, counted=counted)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
@@ -153,6 +159,7 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     from sim.hardware import machine
     from sim.whatif import setting_config
     from strata.policy import StreamWaste, share_policy
+    from strata.policy.guess import RouteMemory
 
     sm = sim_model_of(m)
     # the pool's threads: its workers alone (since stop 15 the share submits its batch and the engine thread takes no
@@ -178,10 +185,11 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
 
     out = {}
     waste = StreamWaste(counted)   # GpuEngine.stream_waste, kept across the bench's prompts and settings
+    routes = RouteMemory(sm.n_layer, sm.n_expert)   # GpuEngine.routes (the guessed walks' memory), likewise
 
-    def session_of(run):   # a fresh policy of the run's engine, the walk choice's state shared
+    def session_of(run):   # a fresh policy of the run's engine, the walk choice's and the guesses' state shared
         return Session(share_policy(run.share, run.gated, veto=run.veto, layer_meters=run.layer_meters,
-                                    class_seed=run.class_seed, margin=run.margin), waste=waste)
+                                    class_seed=run.class_seed, margin=run.margin), waste=waste, routes=routes)
 
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
@@ -338,7 +346,8 @@ def main():
     ap.add_argument("--engine", choices=sorted(ENGINES), help="the run's engine where not today's (stop17: every "
                     "share_*_stop1[4-6] run's; stop19: share_f_losing_stop19's; stop20: share_f_losing_stop20's; "
                     "stop22, stop23: those stops' runs; stop32: the runs of stops 25 to 32, a copy a lent slot in the "
-                    "loan's refill; stop33: that stop's, whose refused chunks counted no waste)")
+                    "loan's refill; stop33: that stop's, whose refused chunks counted no waste; stop34: that "
+                    "stop's, before guessed walks)")
     ap.add_argument("--no-probe", action="store_true", help="price the pool, the link and the host's layout by the "
                     "catalogue even where the JSON holds the run's pool_probe, h2d_probe_gbps and layout_us")
     a = ap.parse_args()

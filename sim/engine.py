@@ -35,6 +35,7 @@ from strata.policy import (
     unrouted_waste,
     walk_for,
 )
+from strata.policy.guess import RouteMemory
 
 from .calibration import CALIB, Calib
 from .costs import Costs, PoolProbe
@@ -42,7 +43,7 @@ from .hardware import Machine
 from .models import SimModel
 from .streams import CpuPool, Link, Stream, Timeline
 from .vram import VramPlan, plan_vram
-from .walks import GROUP, EngineWalks
+from .walks import GROUP, EngineWalks, SimRing
 from .workload import ZipfRouting, residency
 
 RING_GROUP = 16  # mmq: stream-all entries per simulated group (the original gathers 16-expert MMQ groups)
@@ -99,6 +100,9 @@ class Run:
     #                                   a slot, as every engine before ac18e97 (stop 33)
     refill_factor: float = 1.0  # the refill's host time over today's: before d7467e0 (stop 21) a copy through a
     #                             CuPy view and an event a slot (rows_ab_stop21.log: 1.4-2.2x, 1.85 typical)
+    guess: bool = True  # routed-only chunks without the share stream each layer's likely experts before its routing
+    #                     sync (policy.guess, stop 35; where the host is timed by what it issues); False: every
+    #                     engine before, each walk from ring slot 0
 
     @property
     def share(self) -> Share:
@@ -114,6 +118,8 @@ class Session:
     cpu_x_bytes: int = 0
     cpu_rows_bytes: int = 0
     pending: tuple | None = None  # (ev0, ev1, start, end) of the last window, read at the next routing sync
+    routes: RouteMemory | None = None  # GpuEngine.routes: the prompt chunks' routing, for guessed walks; None: a
+    #                                    fresh one at the first prompt
 
 
 @dataclass
@@ -126,6 +132,8 @@ class Result:
     n_streamed: int = 0
     n_cpu: int = 0
     host_issue_us: float = 0.0
+    guessed: int = 0  # experts streamed before their layer's routing sync on a guess (GpuEngine Stats.guessed)
+    guessed_unrouted: int = 0  # of which the sync found unrouted
     layer_shares: list = field(default_factory=list)  # share used per eligible layer (0.0 = not shared)
     readings: list = field(default_factory=list)  # GateReading per gate reading
     meter_lines: list = field(default_factory=list)  # the meter's samples, as STRATA_DBG_CPU_GATE prints them
@@ -204,6 +212,8 @@ class _Runner(EngineWalks):
         spread = np.random.default_rng([run.seed, 4]).lognormal(0.0, run.layer_spread, run.model.n_layer)
         self.layer_factor = spread.tolist() if run.layer_spread else [1.0] * run.model.n_layer
         self.result = Result(0.0, vp, run.share, resident=n_res, session=session)
+        if session.routes is None:   # the engine's memory outlives its prompts (GpuEngine.__init__)
+            session.routes = RouteMemory(m.n_layer, m.n_expert)
         if run.share.on and not session.cpu_x_bytes and not session.cpu_rows_bytes:
             # ours: the engine pins the share's staging once, at load, for its largest step (accel/cpu_block.py),
             # so no window pays the allocation the original grows lazily (seed 002's 6.49 ms first window)
@@ -273,7 +283,11 @@ class _Runner(EngineWalks):
                 self.result.readings.append(r)
         if layout:
             yield self.env.timeout(self.costs.group_us(t))
-        return self.routing.counts(l, start, t)
+        cnt = self.routing.counts(l, start, t)
+        if not self.mmq:   # MoeBlock.moe notes every prompt chunk's routing, whichever walk (policy.guess); a
+            #                trace's counts stop at its highest id
+            self.session.routes.note(l, np.pad(cnt, (0, self.run.model.n_expert - len(cnt))), t)
+        return cnt
 
     def _noise(self) -> float:
         return max(0.1, 1.0 + self.run.noise * self.rng.standard_normal()) if self.run.noise else 1.0
@@ -293,9 +307,13 @@ class _Runner(EngineWalks):
         m, c, res = self.run.model, self.costs, self.result
         eligible = self.run.share.on and shareable
         early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
+        # MoeBlock._guess: without the share, each layer's likely experts go out before its routing sync, the
+        # chunk's walks following each other in its ring (Ring.cursor; `after`: the last chunk's end)
+        chunk_ring = SimRing(self.ring, self.gpu.tail) if early and self.run.guess and not eligible else None
         if eligible:
             self.pol.begin_chunk(t)
         yield from self._embed(t)
+        pre = (yield from self.guess_walk(0, t, chunk_ring)) if chunk_ring is not None else None   # GpuEngine._step
         for l in range(self.n_layer):
             self._attention(l, start, t)
             arm = self.pol.begin_layer(l) if eligible else False
@@ -318,8 +336,13 @@ class _Runner(EngineWalks):
             cpu_done, cpu_us, iss = None, 0.0, None
             if cpu:
                 grew = (yield from self._pin("cpu_rows_bytes", rows * m.shape.n_embd * 4, 2.0)) or grew
+            if early and pre is not None:   # MoeBlock.moe: the routed experts the guess missed go after it
+                iss, pre = pre, None
+                guessed = {e for _, e in iss.queue}
+                iss.extend([(l, e) for e in self._streamed(l, cnt, set(cpu)) if e not in guessed])
+            elif early:
+                iss = self.routed_issue(l, cnt, set(cpu), chunk_ring)
             if early:
-                iss = self.routed_issue(l, cnt, set(cpu))
                 yield from iss.prefetch()
                 yield self.env.timeout(c.group_us(t))   # the row layout and tables; the pool starts after the layout
             ev0 = self.gpu.mark()                       # the meter's window opens at the pool's launch (CpuBlock.launch)
@@ -328,6 +351,8 @@ class _Runner(EngineWalks):
                 cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
             done = yield from (self._routed_walk(l, cnt, set(cpu)) if self.mmq else
                                self._engine_routed_walk(l, cnt, set(cpu), iss))
+            if chunk_ring is not None and l + 1 < self.n_layer:   # MoeBlock.moe: after the layer's last group
+                pre = yield from self.guess_walk(l + 1, t, chunk_ring)
             res.n_streamed += len(done)
             res.n_cpu += len(cpu)
             ev1 = self.gpu.mark()

@@ -7,6 +7,7 @@ own (policy.resident_runs, policy.walk_runs). The group functions are pure; ``En
 from __future__ import annotations
 
 from strata.policy import IssueOrder, resident_runs, routed_group, stream_all_queue, walk_runs
+from strata.policy.stream import routed_groups
 
 from .costs import FEW_ROWS
 
@@ -49,15 +50,21 @@ class EngineWalks:
 
     def _engine_routed_walk(self, l: int, cnt, cpu: set, iss: "HostIssue | None" = None):
         """Routed-only: the streamed experts in id order, in groups of policy.routed_group (at most half the walk's
-        slots and the weight scratch). With the host timed by what it issues, `iss` (routed_issue) has issued the
-        first copies at the routing sync; each group then issues up to its last entry and, once its reads are
-        enqueued, all that may go (GpuEngine.moe). Without, a group's copies are issued when the host reaches it,
-        entry j reusing the slot of entry j - R once that one's group was computed. Returns each streamed
-        expert's group completion."""
+        slots and the weight scratch). With the host timed by what it issues, `iss` (routed_issue, or a guessed
+        walk: guess_walk) has issued the first copies at the routing sync; each group then issues up to its last
+        entry and, once its reads are enqueued, all that may go (GpuEngine.moe); a guessed walk's unrouted entries
+        are released as the groups pass them. Without, a group's copies are issued when the host reaches it,
+        entry j reusing the slot of entry j - R once that one's group was computed. Returns each copied entry's
+        group completion (an unrouted guess's: its release)."""
         c, R = self.costs, self.ring
         rg = self._resident_groups(l, cnt)
         sid = self._streamed(l, cnt, cpu)
-        sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
+        unrouted: dict = {}
+        if iss is not None:   # the walk's own entries (a guess's first), as GpuEngine.moe groups a guessed walk
+            sg, unrouted = routed_groups(iss.queue, range(len(iss.queue)), set(sid), routed_group(R, self.group), R)
+            self.result.guessed_unrouted += sum(len(v) for v in unrouted.values())   # only a guess holds any
+        else:
+            sg = walk_runs(list(range(len(sid))), routed_group(R, self.group), R)
         done: list = []
         by_issue = c.by_issue        # the host timed by what it issues (Costs.by_issue), else per streamed expert
         for kind, i in compute_order(len(rg), len(sg)):
@@ -67,11 +74,12 @@ class EngineWalks:
                 self._group_op(l, rg[i], cnt)
             elif kind == "str" and iss is not None:
                 g = sg[i]
+                done.extend(iss.release(unrouted.get(g[0], [])))
                 if self.run.link_gap_us:   # before b1162ae: the copy stream idle ahead of each group's copies
                     self.link.stream.op("", self.run.link_gap_us)
                 yield from iss.ensure(g[-1])
                 yield from self._host(c.host_group_us(self.pool.busy))
-                d = self._group_op(l, [sid[j] for j in g], cnt, waits=[iss.copied[g[-1]]])
+                d = self._group_op(l, [iss.queue[k][1] for k in g], cnt, waits=[iss.copied[g[-1]]])
                 d.callbacks.append(lambda _, ks=g: [iss.consumed[k].succeed() for k in ks])
                 iss.order.consume(g)                   # on_released: the group's reads are enqueued
                 yield from iss.prefetch()
@@ -84,18 +92,35 @@ class EngineWalks:
                     copies.append(self.link.h2d(f"L{l} e{e}", c.blob(l), waits=[done[j - R] if j >= R else None]))
                 d = self._group_op(l, [sid[j] for j in sg[i]], cnt, waits=copies)
                 done.extend([d] * len(sg[i]))
+            elif iss is not None:          # the guesses after the layer's last routed entry
+                done.extend(iss.release(unrouted.get(None, [])))
         return done
 
     def _streamed(self, l: int, cnt, cpu: set) -> list[int]:
         return [e for e in range(len(cnt)) if cnt[e] > 0 and not self.resident[l][e] and e not in cpu]
 
-    def routed_issue(self, l: int, cnt, cpu: set) -> "HostIssue":
+    def routed_issue(self, l: int, cnt, cpu: set, ring: "SimRing | None" = None) -> "HostIssue":
         """The routed-only walk's queue of layer l (its streamed experts in id order) and its issuer, whose
         prefetch the engine thread calls right after the routing sync, before the row layout and the tables
-        (GpuEngine.moe: the link would idle through them)."""
+        (GpuEngine.moe: the link would idle through them). `ring`: the chunk's ring where walks follow each other
+        in it (guessed walks on), else each walk from slot 0."""
         queue = [(l, e) for e in self._streamed(l, cnt, cpu)]
         return HostIssue(self, queue, [self.env.event() for _ in queue], [self.env.event() for _ in queue],
-                         self.ring, group=routed_group(self.ring, self.group))
+                         self.ring, group=routed_group(self.ring, self.group), shared=ring)
+
+    def guess_walk(self, l: int, t: int, ring: "SimRing"):
+        """MoeBlock._guess: the copies of the experts layer l likely routes (policy.guess, up to the ring's slots),
+        issued before its routing sync. The walk (None where nothing is guessed) takes the layer's missed routed
+        experts after the sync (HostIssue.extend)."""
+        experts = self.session.routes.guess(l, t, self.resident[l], self.ring)
+        if not experts:
+            return None
+        queue = [(l, e) for e in experts]
+        iss = HostIssue(self, queue, [self.env.event() for _ in queue], [self.env.event() for _ in queue],
+                        self.ring, shared=ring)   # no group: a guessed Walk records every run's event
+        yield from iss.prefetch()
+        self.result.guessed += len(experts)
+        return iss
 
     def _host(self, us: float):
         yield self.env.timeout(us)
@@ -182,6 +207,16 @@ class EngineWalks:
             self.link.h2d(f"L{l} e{e}", c.blob(l)).callbacks.append(lambda _, ev=copied[k]: ev.succeed())
 
 
+class SimRing:
+    """A routed-only chunk's ring as its walks share it (strata/accel/stream.py Ring): each walk starts at the slot
+    after the last one's (cursor), and a copy into a slot waits for the release of the entry that held it last, in
+    whichever walk (`after`, the previous chunk's end, for none yet): a guessed walk goes out while the layer before
+    still reads its slots."""
+
+    def __init__(self, n: int, after=None):
+        self.n, self.cursor, self.used = n, 0, [after] * n
+
+
 class HostIssue:
     """A walk's copies as the engine thread issues them (strata/accel/stream.py Walk) at its own points (stream-all:
     the chunk's start, after each streamed group, a layer's end; routed-only: the routing sync, each group's
@@ -189,18 +224,56 @@ class HostIssue:
     (the host consuming a group when its reads are enqueued). A run's copy waits on the copy stream until the GPU
     has read its slots' previous entries. The link idles where the host is held in a routing sync with the ring's
     slots free (prefill_timeline_stop19.log: 4.5 ms host-late and 5.3 ms slot-wait in flash-shape's 2,048-token
-    stream-all prompt)."""
+    stream-all prompt). `shared`: the SimRing the walk takes its slots in (entry k in slot base + k); None: slot k,
+    the walk alone in the ring (every walk before guessed walks, stop 35)."""
 
-    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int, group: int | None = None):
+    def __init__(self, walks: EngineWalks, queue, copied, consumed, ring: int, group: int | None = None,
+                 shared: SimRing | None = None):
         self.w, self.queue, self.copied, self.consumed, self.R = walks, queue, copied, consumed, ring
-        self.order = IssueOrder(queue, ring)
+        self.ring = shared
+        self.base = shared.cursor if shared is not None else 0
+        self.order = IssueOrder(queue, ring, self.base)
         self.group = group   # routed-only: only a copy that carries a group's last entry records an event (Walk)
+        self.prev: list = []   # per entry: the release its copy waits for (its slot's last holder's)
+        self._take(0)
+
+    def _take(self, k0: int) -> None:
+        """Entries k0.. take their slots (Walk.__init__, Walk.extend: the ring's cursor moves past them)."""
+        for k in range(k0, len(self.queue)):
+            if self.ring is None:
+                self.prev.append(self.consumed[k - self.R] if k >= self.R else None)
+            else:
+                s = (self.base + k) % self.R
+                self.prev.append(self.ring.used[s])
+                self.ring.used[s] = self.consumed[k]
+        if self.ring is not None:
+            self.ring.cursor = (self.base + len(self.queue)) % self.R
+
+    def extend(self, entries) -> None:
+        """Walk.extend: a guessed walk takes, after the routing sync, the routed experts it did not guess."""
+        assert self.ring is not None and self.ring.cursor == (self.base + len(self.queue)) % self.R
+        k0 = len(self.queue)
+        self.queue += entries                     # in place: the IssueOrder reads the same list
+        self.copied += [self.w.env.event() for _ in entries]
+        self.consumed += [self.w.env.event() for _ in entries]
+        self.order.grew()
+        self._take(k0)
+
+    def release(self, ks: list[int]) -> list:
+        """Walk.consume of entries no group reads (a guess the routing left out): their slots free once the compute
+        stream gets here. Returns their release, one a copied entry."""
+        if not ks:
+            return []
+        d = self.w.gpu.mark()
+        d.callbacks.append(lambda _, ks=ks: [self.consumed[k].succeed() for k in ks])
+        self.order.consume(ks)
+        return [d] * len(ks)
 
     def _run(self, k0: int, k1: int):
         w, (l, e), g = self.w, self.queue[k0], self.group
         event = g is None or k1 // g > k0 // g or k1 == len(self.queue) or w.run.event_per_copy   # b1162ae
         yield from w._host(w.costs.host_copy_us(w.pool.busy, event))
-        waits = [self.consumed[k - self.R] for k in range(k0, k1) if k >= self.R]
+        waits = self.prev[k0:k1]
         d = w.link.h2d_run(f"L{l} e{e}" + (f"-e{e + k1 - k0 - 1}" if k1 - k0 > 1 else ""), w.costs.blob(l), k1 - k0,
                            waits=waits)
         d.callbacks.append(lambda _, ks=range(k0, k1): [self.copied[k].succeed() for k in ks])
