@@ -149,8 +149,9 @@ class MoeBlock:
     def _guess(self, layer: int, T: int) -> None:
         """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes
         (policy.guess, a ring's worth) before its routing sync, so the link carries them while the GPU finishes the
-        layer before and the host waits in the sync. Not with the CPU share on the chunk: it picks its experts
-        after the sync."""
+        layer before and the host waits in the sync. Not with the CPU share on the chunk: it picks its experts after
+        the sync, and beside auto's share guesses (left to the GPU) were 0.94-1.01x on qwen3's quarter cache and
+        0.83-0.89x on flash-shape's (bench/results/h200/ab_guess_share_*_stop35.log)."""
         if not self.guess or self._walk is not None or (self.cpu_block is not None and self._shareable
                                                          and self.share.on):
             return
