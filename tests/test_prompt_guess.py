@@ -100,3 +100,73 @@ def test_no_guesses_while_the_cpu_share_takes_the_chunk():
             dev.close()
     assert e.cpu_block.stats["cpu_experts"] > 0, "the share took nothing: the test would prove nothing"
     assert e.stats.guessed == 0 and e.routes.noted.all()
+
+
+def test_a_prompt_that_failed_leaves_no_guess_to_the_next_decode_step(monkeypatch):
+    """A prompt that raises after a layer's guess went out (here the guess itself raises once it is issued) leaves no
+    guessed walk behind: the next decode step, per layer, gives a fresh engine's bits (at position 0 it attends to
+    itself alone)."""
+    import strata.accel.moe_block as mb
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+
+    def engine(dev):
+        return GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK,
+                         config=policy.Config(cpu_share=0.0, decode_graph=False))
+
+    first, second = _prompts(c.n_vocab)[:2]
+    dev = make_device("host")
+    try:
+        want = engine(dev).decode([5])
+        e = engine(dev)
+        e.prefill(first)
+        guess = mb.MoeBlock._guess
+
+        def guess_then_fail(self, layer, T):
+            guess(self, layer, T)
+            if self._pre is not None:
+                raise KeyboardInterrupt
+        monkeypatch.setattr(mb.MoeBlock, "_guess", guess_then_fail)
+        e.reset()
+        with pytest.raises(KeyboardInterrupt):
+            e.prefill(second)
+        monkeypatch.setattr(mb.MoeBlock, "_guess", guess)
+        e.reset()
+        got = e.decode([5])
+    finally:
+        dev.close()
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+
+
+def test_a_decode_step_that_failed_leaves_the_decode_ring_usable(monkeypatch):
+    """A per-layer decode step that raises after its walk issued copies leaves entries unconsumed in the decode ring,
+    which outlives its steps (Ring.held): the next steps forget them and give a fresh engine's bits."""
+    from strata.accel import moe as moe_mod
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+
+    def engine(dev):
+        return GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=0, chunk=CHUNK,
+                         config=policy.Config(cpu_share=0.0, decode_graph=False))
+
+    dev = make_device("host")
+    try:
+        fresh = engine(dev)
+        want = [fresh.decode([t]) for t in (5, 6, 7, 8)]
+        e = engine(dev)
+        group = moe_mod.ExpertRunner.group
+        monkeypatch.setattr(moe_mod.ExpertRunner, "group", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            e.decode([5])
+        assert any(e.dring.held), "the failed step left nothing held: the test would prove nothing"
+        monkeypatch.setattr(moe_mod.ExpertRunner, "group", group)
+        e.reset()
+        got = [e.decode([t]) for t in (5, 6, 7, 8)]     # enough steps to wrap the ring onto the held slots
+    finally:
+        dev.close()
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert np.array_equal(w.view(np.uint32), g.view(np.uint32)), f"step {i}"

@@ -265,7 +265,8 @@ class GpuEngine(MoeBlock):
         if self.dgraph is not None and len(tokens) == 1:
             logits = self._graph_step(tokens[0])       # runs the tier's round while the GPU works
         else:
-            self._runner, self._ring, self._walk = self.drunner, self.dring, None
+            self._runner, self._ring, self._walk, self._pre = self.drunner, self.dring, None, None
+            self.dring.forget_holds()                # a step that raised may have left a walk unconsumed
             logits = self._step(tokens, self.dbufs, all_logits=True, decode=True)
             self._tier_round()
         self.stats.decode_tokens += len(tokens)

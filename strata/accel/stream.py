@@ -29,6 +29,11 @@ class Ring:
         self.copies = 0                      # experts copied
         self.transfers = 0                   # copy calls (a run of neighbouring experts is one)
 
+    def forget_holds(self) -> None:
+        """A step that raised left entries unconsumed: nothing will read their blobs now (the decode ring outlives
+        its steps; a prompt's ring is made a chunk)."""
+        self.held = [False] * self.n
+
     def copy_run(self, s0: int, blobs: np.ndarray, record: bool = True):
         """Copy m consecutive blobs (pinned [m, blob]) into slots s0 .. s0+m-1 once their last readers are
         done, in one copy call (Device.h2d_rows; pitched where a slot is wider than a blob). Returns the event
