@@ -147,7 +147,6 @@ def test_a_decode_step_that_failed_leaves_the_decode_ring_usable(monkeypatch):
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path(golden.golden_models()[0]))
-    c = m.cfg
 
     def engine(dev):
         return GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=0, chunk=CHUNK,
