@@ -17,6 +17,9 @@ from strata.accel.arena import Arena
 from strata.accel.device.cuda import CudaDevice
 from strata.accel.engine import GpuEngine
 from strata.accel.memplan import budget_holding
+from strata.reference.agree import kl
+
+from prefill import h2d_gbps      # warm-up copy, best of three bursts (bench/prefill.py)
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 share = sys.argv[4] if len(sys.argv) > 4 else "0"
@@ -35,11 +38,7 @@ eo = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=dataclasses.repla
                pool=pool)
 en = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, arena=arena, pool=pool)
 assert not eo.guess and en.guess
-blob = arena.blob(0, 0); dst = dev.empty((blob.nbytes,), np.uint8)
-for _ in range(4): dev.h2d(dst, blob, dev.copy)
-e0, e1 = dev.event(), dev.event(); e0.record(dev.copy)
-for _ in range(64): dev.h2d(dst, blob, dev.copy)
-e1.record(dev.copy); e1.synchronize(); bw = blob.nbytes * 64 / e0.elapsed_ms(e1) / 1e6
+bw, _ = h2d_gbps(dev, arena.blob(0, 0).nbytes)
 rng = np.random.default_rng(0)
 for w in range(2):
     for L in lengths:
@@ -49,9 +48,6 @@ for w in range(2):
 print(f"{path}: quarter cache, chunk {en.plan.chunk}, ring {en.plan.ring}; H2D {bw:.1f} GB/s; old = copies after each routing sync, new = guessed walks; {rounds} rounds, order alternating; medians; ratio = old/new", flush=True)
 same, kls, top1 = True, [], []
 def cpu_taken(e): return e.cpu_block.stats["cpu_experts"] if e.cpu_block is not None else 0
-def kl(a, b):
-    pa, pb = np.exp(a - a.max()), np.exp(b - b.max()); pa /= pa.sum(); pb /= pb.sum()
-    return float((pa * (np.log(pa + 1e-30) - np.log(pb + 1e-30))).sum())
 for L in lengths:
     t = {"old": [], "new": []}; mb = {"old": [], "new": []}; g = []; cpu = {"old": [], "new": []}
     for r in range(rounds):
@@ -66,7 +62,7 @@ for L in lengths:
             if md == "new": g.append((e.stats.guessed - g0, e.stats.guessed_unrouted - u0))
             cpu[md].append(cpu_taken(e) - c0)
         same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
-        kls.append(kl(outs["old"].astype(np.float64), outs["new"].astype(np.float64)))
+        kls.append(float(kl(outs["old"].astype(np.float64), outs["new"].astype(np.float64))))
         top1.append(int(np.argmax(outs["old"])) == int(np.argmax(outs["new"])))
     rr = np.array(t["old"]) / np.array(t["new"])
     fo, fn = np.median(mb["old"]) / bw, np.median(mb["new"]) / bw
