@@ -44,9 +44,7 @@ class MoeBlock:
         resident = self.cache.resident(layer)
         cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
         pre, self._pre = self._pre, None                   # the walk this layer's guess started (_guess)
-        if not self._decode:
-            assert pre is None or (pre[0] == layer and not share_layer), (pre, layer)
-            self.routes.note(layer, cnt, T)
+        assert pre is None or (pre[0] == layer and not share_layer and not self._decode), (pre, layer)
         if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
             n, u = unrouted_waste(cnt, resident)
             self._counted[0] += n
@@ -129,11 +127,13 @@ class MoeBlock:
             self._walk.prefetch()            # stream-all: the next layer's experts go out before its routing sync
         for ri in range(ri, len(res_groups)):
             self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
-        if not self._decode and layer + 1 < c.n_layer:
-            # this layer's walk is consumed: the next layer's guess may take the whole ring. Issued as soon as the
-            # layer's last copy was out, into the slots its last groups did not hold, it was 0.98-0.99x
-            # (bench/results/h200/ab_early_q8_stop35.log): fewer guesses, and the host's time before the last groups
-            self._guess(layer + 1, T)
+        if not self._decode:
+            self.routes.note(layer, cnt, T)  # after the launches: the sync-to-first-group window is the GPU's idle
+            if layer + 1 < c.n_layer:
+                # this layer's walk is consumed: the next layer's guess may take the whole ring. Issued as soon as
+                # the layer's last copy was out, into the slots its last groups did not hold, it was 0.98-0.99x
+                # (bench/results/h200/ab_early_q8_stop35.log): fewer guesses, and host time before the last groups
+                self._guess(layer + 1, T)
         if share_layer:
             cb.gpu_done(s)
         elif self._decode and cb is not None and lay.cpu:
