@@ -6,7 +6,8 @@ work (cProfile, stop 12). Here the routing never leaves the device. Each layer's
 from their quantised blobs by `moe_gemv`: from the VRAM cache where resident, else from the pinned arena, which
 the GPU reads over PCIe (SPEC §8's misses "read by the GPU over PCIe", the whole fraction; no copy, no ring, no
 host). So one token's step, every layer and the head, is captured once and replayed per token. The host's work
-per token: the embedding row, the position, the residency table when it changed, one launch, one download.
+per token: the token's embedding row, the position and (when it changed) the residency table written into one
+pinned block, and one launch; the step pulls that block first and downloads its logits and routing last.
 
 Everything that varies between tokens lives in device memory the captured kernels read: the position (rope, the
 KV row, the keys attended), each layer's routed ids, and the residency table (`slot_of`). A cached and an arena
@@ -54,12 +55,23 @@ class DecodeGraph:
         c = self.cfg = model.cfg
         self.model, self.dev, self.base, self.bufs, self.cache, self.arena = model, dev, ops, bufs, cache, arena
         L, E, K = c.n_layer, c.n_expert, c.n_expert_used
-        self.pos_host = dev.pinned(4).view(np.int32)
-        self.table_host = dev.pinned(L * E * 4).view(np.int32).reshape(L, E)
+        # what a token's step reads from the host, in one pinned block the step's first kernel pulls (Kernels.pull):
+        # [position | residency table | the token's embedding row], each 16-byte aligned. Issuing those uploads from
+        # the host before each launch (a copy each, and the embedding's copy and kernel) held the GPU ~0.12 ms a
+        # token on the H200 (bench/results/h200/dwall_q8_stop36.log)
+        self.row_bytes = ops.embd_row if ops.embd_on_device else c.n_embd * 4
+        a16 = lambda n: -(-n // 16) * 16
+        t0, r0 = 16, 16 + a16(L * E * 4)
+        self.step_host = dev.pinned(r0 + a16(self.row_bytes))
+        self.step_dev = dev.zeros((self.step_host.nbytes,), np.uint8)
+        self.pos_host = self.step_host[:4].view(np.int32)
+        self.table_host = self.step_host[t0:t0 + L * E * 4].view(np.int32).reshape(L, E)
+        self.row_host = self.step_host[r0:r0 + self.row_bytes]
+        self.pos_dev = self.step_dev[:4].view(np.int32)
+        self.table = self.step_dev[t0:t0 + L * E * 4].view(np.int32).reshape(L, E)   # the device's slot_of
+        self.row_dev = self.step_dev[r0:r0 + self.row_bytes]
         self.ids_host = dev.pinned(L * K * 4).view(np.int32).reshape(L, 1, K)
         self.logits_host = dev.pinned(c.n_vocab * 4).view(np.float32).reshape(1, c.n_vocab)
-        self.pos_dev = dev.zeros((1,), np.int32)
-        self.table = dev.zeros((L, E), np.int32)                 # the device's slot_of, uploaded when it changed
         self.ids, self.w = dev.zeros((L, 1, K), np.int32), dev.zeros((L, 1, K), np.float32)
         self.pair = dev.asarray(np.arange(K, dtype=np.int32).reshape(1, K))      # combine: (t=0, k) -> Dm row k
         self.scores = ops.dscores                                                  # attention scratch [H, S+]
@@ -74,23 +86,20 @@ class DecodeGraph:
         self.fuse_glu = True             # the down GEMV computes SwiGLU as it stages its rows; off: a swiglu launch
 
     def launch(self, token: int, pos: int) -> None:
-        """Enqueue one token's step (returns at once; `wait` collects it)."""
+        """Enqueue one token's step (returns at once; `wait` collects it). The last step has finished (`wait`), so
+        nothing reads the pinned step block while the host writes it."""
         dev, s = self.dev, self.dev.compute
-        if self.cache.version != self.version:       # the last step has finished: its upload left table_host
+        if self.cache.version != self.version:
             self.table_host[...] = self.cache.slot_of
-            dev.h2d(self.table, self.table_host, s)
             self.version = self.cache.version
             self.resident = self.table_host >= 0
         self.pos_host[0] = pos
-        dev.h2d(self.pos_dev, self.pos_host, s)
-        self.base.bufs = self.bufs
-        with dev.on(s):
-            self.base.embed("token_embd.weight", [token])                          # -> bufs.x[:1]
-            if self.graph is None:
+        self.row_host[...] = self.base.embed_row(token).view(np.uint8)          # the stored row, or its f32
+        if self.graph is None:
+            self.base.bufs = self.bufs
+            with dev.on(s):
                 self.graph = dev.capture(self._body)
-            self.graph.launch()
-        dev.d2h(self.logits_host, self.logits, s)
-        dev.d2h(self.ids_host, self.ids, s)
+        self.graph.launch()
         self.done.record(s)
 
     def wait(self) -> tuple[np.ndarray, np.ndarray]:
@@ -99,11 +108,19 @@ class DecodeGraph:
         return self.logits_host.copy(), self.ids_host.copy()
 
     def _body(self):
-        x = self.bufs.x[:1]                                                           # [1, D]
+        dev, k, s = self.dev, self.dev.k, self.dev.compute
+        k.pull(self.step_dev, self.step_host, s)                  # position, residency, the token's row
+        if self.base.embd_on_device:
+            x = self.bufs.x[:1]                                                       # [1, D]
+            k.embed_rows(x, self.row_dev, self.base.embd_type, s)                   # exact f32, as weight_rows
+        else:
+            x = self.row_dev.view(np.float32).reshape(1, self.cfg.n_embd)            # the host's f32 row
         for layer in range(self.cfg.n_layer):
             self.ops.layer = layer
             x = self.model.forward_block(self.ops, x, layer, None)                  # [1, D]
         self.logits = head(self.ops, self.cfg, x)                                     # [1, V]
+        dev.d2h(self.logits_host, self.logits, s)       # the step's products leave inside it: no host call either
+        dev.d2h(self.ids_host, self.ids, s)
 
     def moe(self, h, layer: int, ids, w):
         """h [1, D] -> Σ_k w_k · expert_{ids_k}(h): gate|up, SwiGLU, down, combine; nothing leaves the device."""

@@ -165,6 +165,13 @@ class DeviceOps:
         self.embd_done.record(self.dev.compute)
         return x
 
+    def embed_row(self, token: int) -> np.ndarray:
+        """One token's embedding as the decode graph pulls it: the stored row's bytes where the device dequantises
+        it (embd_on_device), else its exact f32 [D] from the host (weight_rows, as `embed`)."""
+        if self.embd_on_device:
+            return self.embd_view[token].view(np.uint8).reshape(-1)
+        return weight_rows(self.embd_view[token:token + 1], self.embd_type, 0, 1, self.cfg.n_embd).reshape(-1)
+
     def rms_norm(self, x, name: str, eps: float):
         out = self.dev.empty(x.shape, np.float32)
         self.k.rms_norm(out, x, self.wt[name], eps, self.dev.compute)

@@ -33,6 +33,7 @@ extern "C" __global__ void strata_wait_ge(const volatile long long* w, long long
 }
 """
 WAIT_LIMIT_S = 120.0
+D2H = 2                  # cudaMemcpyDeviceToHost
 
 
 class CudaEvent(Event):
@@ -256,7 +257,9 @@ class CudaDevice(Device):
     def d2h(self, dst: np.ndarray, src, stream: CudaStream) -> None:
         assert dst.nbytes == src.nbytes, f"d2h of {src.nbytes} bytes into {dst.nbytes}"
         assert dst.flags.c_contiguous and src.flags.c_contiguous, "async copies need contiguous buffers"
-        src.data.copy_to_host_async(dst.ctypes.data, src.nbytes, stream.s)
+        # the runtime's call, not MemoryPointer.copy_to_host_async: CuPy refuses that one while the stream captures,
+        # and the decode graph's step downloads its logits inside the capture (into pinned memory, which CUDA allows)
+        self.cp.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes, D2H, stream.s.ptr)
 
     def asarray(self, host: np.ndarray):
         with self.compute.s:

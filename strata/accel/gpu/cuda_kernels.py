@@ -146,6 +146,13 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
                               (np.uint64(st.dbase + off), np.uint64(st.base + off), np.int64(n16)), stream=stream.s)
         st.done(off, nbytes, stream)
 
+    def pull(self, dst, src, stream):
+        n = src.nbytes
+        assert dst.nbytes == n and n % 16 == 0 and src.ctypes.data % 16 == 0 and dst.data.ptr % 16 == 0, \
+            "pull: whole, aligned 16-byte words"
+        self.fn["pull_bytes"]((min(-(-(n // 16) // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
+                              (dst, np.uint64(src.ctypes.data), np.int64(n // 16)), stream=stream.s)
+
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]
         offs, total = [], 0

@@ -52,6 +52,12 @@ class Kernels(abc.ABC):
     def upload(self, host: np.ndarray, stream) -> object:
         """A device copy of a small host table, taken now (later host writes do not reach it)."""
 
+    @abc.abstractmethod
+    def pull(self, dst, src: np.ndarray, stream) -> None:
+        """dst (device uint8, contiguous) <- pinned src (uint8, as many bytes, a multiple of 16, 16-byte aligned) as
+        the work reaches it on `stream`, by a kernel reading the host memory (no copy engine, no host call at run
+        time: a captured graph re-reads what the host wrote there since)."""
+
     def upload_many(self, hosts: list[np.ndarray], stream) -> list:
         """Several small tables in one go (CUDA packs them into one copy)."""
         return [self.upload(h, stream) for h in hosts]
