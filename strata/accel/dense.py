@@ -125,7 +125,7 @@ class DeviceOps:
         # GPU waited (bench/results/h200/prefill_timeline_stop18.log). Types the device cannot give exactly stage f32.
         self.embd_on_device = dev.kind != "cuda" or self.embd_type in F32_EXACT
         self.embd_row = self.embd_view.shape[1] * self.embd_view.itemsize                # bytes of a stored row
-        self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4))     # u8, rows or f32 [T, D]
+        self.embd_host = dev.pinned(cap * max(self.embd_row, self.cfg.n_embd * 4) + 16)  # u8, rows or f32 [T, D]
         self.embd_done = dev.event(timing=False)
         self.bufs, self.pos0, self.T = None, 0, 0
         self.fuse_qkv = True         # one token's q|k|v in one GEMV, a prompt's from one fp16 x (DenseWeights.qkv);
@@ -155,13 +155,17 @@ class DeviceOps:
             v = self.embd_view                                                   # [V, row bytes] (or typed [V, D])
             stage = self.embd_host[:T * self.embd_row]
             np.take(v, idx, axis=0, out=stage.view(v.dtype).reshape(T, v.shape[1]))   # the rows as stored
-            raw = self.dev.empty((stage.size,), np.uint8)                       # a step temporary (temp_bytes)
-            self.dev.h2d(raw, stage, self.dev.compute)
-            self.k.embed_rows(x, raw, self.embd_type, self.dev.compute)          # exact f32, as weight_rows
+            n = -(-stage.size // 16) * 16
+            raw = self.dev.empty((n,), np.uint8)                                # a step temporary (temp_bytes)
+            # pulled by a kernel, not copied: the copy engine takes H2D copies in issue order, so rows behind a
+            # prompt's first expert copies would wait for them (the engine issues those first: GpuEngine._step)
+            self.k.pull(raw, self.embd_host[:n], self.dev.compute)
+            self.k.embed_rows(x, raw[:stage.size], self.embd_type, self.dev.compute)   # exact f32, as weight_rows
         else:
             stage = self.embd_host[:T * self.cfg.n_embd * 4].view(np.float32).reshape(T, self.cfg.n_embd)
             stage[...] = weight_rows(self.embd_view[idx], self.embd_type, 0, T, self.cfg.n_embd)
-            self.dev.h2d(x, stage, self.dev.compute)
+            assert x.flags.c_contiguous and stage.nbytes % 16 == 0, "rows of whole 16-byte words"
+            self.k.pull(x.reshape(-1).view(np.uint8), stage.reshape(-1).view(np.uint8), self.dev.compute)
         self.embd_done.record(self.dev.compute)
         return x
 

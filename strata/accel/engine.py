@@ -381,6 +381,15 @@ class GpuEngine(MoeBlock):
         T = len(tokens)
         self._decode = decode
         with self.dev.on(self.dev.compute):
+            # layer 0's experts go first, so the link works while the host gathers the embedding rows (~1 ms at
+            # 1,280 tokens, bench/results/h200/chunkstart_q8_stop31.log): the stream-all walk's queue, or the
+            # routed-only walk's guesses. The rows, the positions and the tables reach the GPU by pulls, not the
+            # copy engine, which takes H2D copies in issue order (prefill_timeline_stop19.log: rows behind a ring of
+            # experts held layer 0's MoE block back by the ring's transfer time)
+            if self._walk is not None:
+                self._walk.prefetch()
+            elif not decode:
+                self._guess(0, T)
             ops = None
             if self.pgraphs is not None and not decode:    # x [Tb, D]: T rows and zeros (prompt_graph.py)
                 ops = self.pgraphs.chunk(self.ops, bufs, tokens, self.pos, self.cfg.n_layer)
@@ -390,13 +399,6 @@ class GpuEngine(MoeBlock):
                 ops = self.ops
                 self.ops.begin(bufs, self.pos, T)
                 x = self.ops.embed("token_embd.weight", tokens)                   # [T, D]
-            if self._walk is not None:
-                # stream-all: layer 0's experts stream during the embedding and attention. After the embedding's
-                # upload: H2D copies share the copy engine in issue order, and the rows queued behind a ring of
-                # experts held layer 0's MoE block back by the ring's transfer time (prefill_timeline_stop19.log)
-                self._walk.prefetch()
-            elif not decode:
-                self._guess(0, T)                              # routed-only: layer 0's likely experts, likewise
             if ops is not self.ops:
                 ops.start()                                   # the first segment opens after those copies
             pos = np.arange(self.pos, self.pos + x.shape[0])

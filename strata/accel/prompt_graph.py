@@ -71,8 +71,8 @@ class PromptGraphs:
         self.regions = [dev.empty((segment_bytes(cfg, cap),), np.uint8) for _ in range(2)]
         self.x = dev.zeros((cap, D), np.float32)                     # [cap, D] each segment's input
         self.ids, self.w = dev.zeros((cap, K), np.int32), dev.zeros((cap, K), np.float32)
-        self.pos = dev.zeros((cap,), np.int32)
-        self.pos_host = dev.pinned(cap * 4).view(np.int32)
+        self.pos = dev.zeros((cap + 4,), np.int32)              # padded: pulls move whole 16-byte words
+        self.pos_host = dev.pinned((cap + 4) * 4).view(np.int32)
         self.pos_done = dev.event(timing=False)
         self.graphs: dict[tuple, _Segment] = {}
         self.seen: dict[tuple, bool] = {}       # key -> capturable, after its eager run
@@ -98,7 +98,8 @@ class PromptGraphs:
         dev, s = self.dev, self.dev.compute
         self.pos_done.synchronize()                  # the last chunk's upload has left the pinned positions
         self.pos_host[:Tb] = np.arange(pos0, pos0 + Tb, dtype=np.int32)
-        dev.h2d(self.pos[:Tb], self.pos_host[:Tb], s)
+        n = -(-Tb // 4) * 4                          # pulled, not copied: not behind the ring's expert copies
+        dev.k.pull(self.pos[:n].view(np.uint8), self.pos_host[:n].view(np.uint8), s)
         self.pos_done.record(s)
         base.begin(dataclasses.replace(bufs, ids=self.ids, w=self.w), pos0, Tb, pos_dev=self.pos[:Tb])
         base.embed("token_embd.weight", tokens, out=self.x[:T])
