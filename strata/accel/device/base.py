@@ -215,7 +215,7 @@ def get_device(kind: str = "auto", log=None, budget_bytes: int | None = None, ge
         try:
             from strata.accel.device.cuda import CudaDevice
 
-            return CudaDevice(budget_bytes=budget_bytes, gemm=gemm)
+            return CudaDevice(budget_bytes=budget_bytes, gemm=gemm, log=log)
         except Exception as e:  # noqa: BLE001 - any failure to reach CUDA means "no GPU here"
             if kind == "cuda":
                 raise DeviceError(f"--device cuda: no usable CUDA device ({e})") from None

@@ -113,7 +113,7 @@ class CudaSegmentGraph(Graph):
 class CudaDevice(Device):
     kind = "cuda"
 
-    def __init__(self, device_id: int = 0, budget_bytes: int | None = None, gemm: str = "mma"):
+    def __init__(self, device_id: int = 0, budget_bytes: int | None = None, gemm: str = "mma", log=None):
         import cupy as cp
 
         try:
@@ -139,7 +139,7 @@ class CudaDevice(Device):
             self.pool.set_limit(size=int(budget_bytes))   # allocations past the budget fail like a full card
         from strata.accel.gpu.cuda_kernels import CudaKernels
 
-        self.k = CudaKernels(self, gemm)
+        self.k = CudaKernels(self, gemm, log)       # log: a line when its modules took a first run's compile
         self._link_k = None
         self._wait_k = None
 

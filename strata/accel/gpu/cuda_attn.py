@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.accel.gpu import dequant as dq
 from strata.accel.gpu.blas_enums import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16F, R_32F
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 
@@ -49,7 +48,7 @@ class CudaAttentionKernels:
         assert q.flags.c_contiguous and out.flags.c_contiguous and kc.flags.c_contiguous and vc.flags.c_contiguous
         Hkv = kc.shape[1]
         if self._afn is None:
-            mod = self.cp.RawModule(code=dq.source("attn_kernels.cu"), options=("--std=c++17",))
+            mod = self.mods.get("attn")
             self._afn = {(d, rows): mod.get_function(f"flash_attention_{'w32_' if rows == 128 else ''}{d}")
                          for d in FLASH_HD for rows in (64, 128)}
             for d in FLASH_HD:

@@ -32,19 +32,15 @@ def attn_decode_cols(n_ctx: int, hd: int) -> int:
 
 
 class CudaDecodeKernels:
-    """Mixed into CudaKernels (which supplies self.cp); the module compiles on first use (NVRTC, cached by CuPy)."""
+    """Mixed into CudaKernels (which supplies self.cp and its modules, self.mods)."""
 
-    _dmod = None
     # the longest rows moe_gemv takes: x (padded) and the warps' stages in 48 KiB of shared memory
     moe_gemv_max_k = (SMEM_MAX - MG_WARPS * MG_STAGE) // 4 * 32 // 33 // 256 * 256
 
     def _decode_fn(self, name: str):
-        if self._dmod is None:
-            self._dmod = self.cp.RawModule(code=dq.source("decode_kernels.cu"), options=("--std=c++17",))
-            self._dfn = {}
         fn = self._dfn.get(name)
         if fn is None:
-            fn = self._dfn[name] = self._dmod.get_function(name)
+            fn = self._dfn[name] = self.mods.get("decode").get_function(name)
         return fn
 
     def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream, glu=False):

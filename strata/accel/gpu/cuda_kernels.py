@@ -16,6 +16,7 @@ from strata.accel.gpu.blas_enums import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R
 from strata.accel.gpu.cublas_lib import WORKSPACE_BYTES, Cublas
 from strata.accel.gpu.cuda_attn import CudaAttentionKernels
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
+from strata.accel.gpu.cuda_modules import ModuleSet
 from strata.accel.gpu.kernels import BlobRef, Kernels
 from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
@@ -86,9 +87,10 @@ def _tab_ptr(t):
 
 
 class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
-    def __init__(self, dev, gemm: str = "mma"):
+    def __init__(self, dev, gemm: str = "mma", log=None):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp
+        self.mods = ModuleSet(cp, dev.id, log)                  # every module compiling from now (cuda_modules.py)
         from cupy_backends.cuda.libs import cublas
 
         self.cublas = cublas                                      # CuPy's bindings (the blocked attention's)
@@ -96,8 +98,7 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.blas = Cublas()                                      # the dense products: callable while capturing
         self._blas_ws = cp.empty((WORKSPACE_BYTES,), np.uint8)
         self.blas.set_workspace(self.handle, self._blas_ws.data.ptr, WORKSPACE_BYTES)
-        self.mod = cp.RawModule(code=dq.source("engine_kernels.cu"), options=("--std=c++17",))
-        self.dq = dq.load_module(cp)
+        self.mod = self.mods.get("engine")
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine",
             "rms_norm", "rope", "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm",
@@ -107,10 +108,15 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         big_smem(self.fn["gemm_grouped_mma128"])
         self.staging = _Staging(dev, STAGING_BYTES)
         self._dq_plans: dict = {}
-        self._rmod, self._rfn = None, {}                         # rows_kernels.cu, compiled on first use
+        self._rfn, self._dfn = {}, {}                            # rows_kernels.cu's by type, decode_kernels.cu's
         self._init_attention()
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
+
+    @property
+    def dq(self):
+        """The dequantisation kernels' module (dequant.py)."""
+        return self.mods.get("dequant")
 
     # --- tables -------------------------------------------------------------------------------------------------
     def upload(self, host, stream):
@@ -238,9 +244,7 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             return
         fn = self._rfn.get(qtype)
         if fn is None:
-            if self._rmod is None:
-                self._rmod = self.cp.RawModule(code=dq.source("rows_kernels.cu"), options=("--std=c++17",))
-            fn = self._rfn[qtype] = self._rmod.get_function(f"expert_rows_{dq.SUFFIX[qtype]}")
+            fn = self._rfn[qtype] = self.mods.get("rows").get_function(f"expert_rows_{dq.SUFFIX[qtype]}")
         lda = a.strides[0] // 2
         vec = np.int32(lda % 8 == 0 and a.data.ptr % 16 == 0)      # 16-byte loads of the input rows
         grid = (int(n_tiles), min(65535, -(-n // (ER_WARPS * ER_ROWS))))
