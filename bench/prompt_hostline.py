@@ -27,7 +27,6 @@ om = e.moe
 def moe_w(h, layer, *a, **kw):
     T.append(("moe", layer, time.perf_counter())); out = om(h, layer, *a, **kw); T.append(("ret", layer, time.perf_counter())); return out
 e.ops.moe = moe_w
-if e.pgraphs is not None: pass
 sy = e.sync_ev.synchronize
 def sy_w():
     r = sy(); T.append(("sync", -1, time.perf_counter())); return r

@@ -148,16 +148,20 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         st = self.staging
         st.take(off, nbytes)
         n16 = -(-max(nbytes, 1) // 16)             # regions are 256-byte aligned and padded: whole uint4s
-        self.fn["pull_bytes"]((min(-(-n16 // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
-                              (np.uint64(st.dbase + off), np.uint64(st.base + off), np.int64(n16)), stream=stream.s)
+        self._pull_words(np.uint64(st.dbase + off), np.uint64(st.base + off), n16, stream)
         st.done(off, nbytes, stream)
+
+    def _pull_words(self, dst, src, n16: int, stream) -> None:
+        """The pull kernel's launch: n16 16-byte words from pinned host memory `src` to device memory `dst` (kernel
+        arguments: addresses or arrays)."""
+        self.fn["pull_bytes"]((min(-(-n16 // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
+                              (dst, src, np.int64(n16)), stream=stream.s)
 
     def pull(self, dst, src, stream):
         n = src.nbytes
         assert dst.nbytes == n and n % 16 == 0 and src.ctypes.data % 16 == 0 and dst.data.ptr % 16 == 0, \
             "pull: whole, aligned 16-byte words"
-        self.fn["pull_bytes"]((min(-(-(n // 16) // PULL_THREADS), PULL_BLOCKS),), (PULL_THREADS,),
-                              (dst, np.uint64(src.ctypes.data), np.int64(n // 16)), stream=stream.s)
+        self._pull_words(dst, np.uint64(src.ctypes.data), n // 16, stream)
 
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]

@@ -53,21 +53,19 @@ class ModuleSet:
         return mod
 
     def _still(self) -> None:
-        with self._lock:
-            left = self._left
-            self._said = left > 0 and self._log is not None
-        if self._said:
-            self._log(f"kernels: compiling {left} of {len(self._futures)} CUDA modules in parallel, beside the load "
-                      f"(a first run on this machine: CuPy keeps them for the next)")
+        with self._lock:                       # the lock orders this line before `_done`'s
+            self._said = self._left > 0 and self._log is not None
+            if self._said:
+                self._log(f"kernels: compiling {self._left} of {len(self._futures)} CUDA modules in parallel, beside "
+                          f"the load (a first run on this machine: CuPy keeps them for the next)")
 
     def _done(self, _future) -> None:
         with self._lock:
             self._left -= 1
-            last, said = self._left == 0, self._said
-        if last:
-            self._timer.cancel()
-            if said:
-                self._log(f"kernels: compiled in {time.perf_counter() - self._t0:.1f} s")
+            if self._left == 0:
+                self._timer.cancel()
+                if self._said:
+                    self._log(f"kernels: compiled in {time.perf_counter() - self._t0:.1f} s")
 
     def get(self, name: str):
         """The compiled module (a compile error is raised here, in the caller's thread)."""
