@@ -142,6 +142,7 @@ def main():
     # captured (prompt_graph.py: a shape's first prompt runs them eagerly, its second captures, later ones replay;
     # the quarter cache's capturing prompt is timed: "capture ms")
     capture_ms = {cell: [] for cell in cells}
+    walks = {}
     for warm in range(2):
         for name, eng in engines:
             for cell in cells:
@@ -161,7 +162,7 @@ def main():
             for name, eng in (engines if r % 2 == 0 else engines[::-1]):   # alternate who goes first
                 eng.reset()
                 eng.few_rows = f
-                b0, w0 = eng.stats.streamed_bytes, eng.stats.sync_wait_s
+                b0, w0, n0 = eng.stats.streamed_bytes, eng.stats.sync_wait_s, len(eng.stats.chunks)
                 # the last prompt's lent cache slots are refilled after it returns (SPEC §9): that copy lands
                 # before the clock starts, and each prompt's own refill is timed apart (refill ms)
                 dev.synchronize()
@@ -176,6 +177,7 @@ def main():
                     res[cell]["streamed_mb"].append(nb / 1e6)
                     res[cell]["floor_ms"].append(nb / (bw * 1e9) * 1e3)
                     res[cell]["sync_ms"].append((eng.stats.sync_wait_s - w0) * 1e3)
+                    walks[cell] = "+".join(sorted({w for _, w, _ in eng.stats.chunks[n0:]}))
                 elif name == "groups_ab":
                     res[cell]["groups_ab_floor_ms"].append((eng.stats.streamed_bytes - b0) / (bw * 1e9) * 1e3)
             x = res[cell]
@@ -221,7 +223,8 @@ def main():
           f"H2D {bw:.1f} GB/s, host {hbw:.1f} GB/s; "
           f"context {n_ctx} tokens; medians of {a.rounds} rounds")
     print(f"{'tokens':>7} {'few':>4} {'quarter ms':>11} {'PCIe floor':>11} {'x floor':>8} {'resident ms':>12} "
-          f"{'tok/s q':>8} {'streamed MB':>12} {'loan':>5} {'group':>5} {'refill ms':>9} {'capture ms':>10}")
+          f"{'of bound':>8} {'tok/s q':>8} {'streamed MB':>12} {'loan':>5} {'group':>5} {'refill ms':>9} "
+          f"{'capture ms':>10}  walk")
     table = {}
     for cell in cells:
         L, fr = cell
@@ -229,13 +232,19 @@ def main():
         f = statistics.median(res[cell]["floor_ms"])
         rr = statistics.median(res[cell]["resident_ms"])
         _, _, loan, grp = eq.plan.for_prompt(eq.config, eq.share, L)   # what this prompt borrows, its scratch
+        major = eq._layer_major(L)
+        if major is not None:                                            # layer by layer (policy.layer_major)
+            loan, grp = major[1], eq.plan.group
+        # #5's 8K bar: the speed against the lower of the all-resident and the PCIe-bound speeds
+        bound = max(f, rr) / q
         key = L if len(fews) == 1 else f"{L}/{fr}"
         table[key] = {"quarter_ms": q, "floor_ms": f, "resident_ms": rr, "few_rows": fr,
                       "streamed_mb": statistics.median(res[cell]["streamed_mb"]), "loan_slots": loan, "group": grp,
-                      "refill_ms": statistics.median(res[cell]["refill_ms"]), "capture_ms": capture_ms[cell][0]}
-        print(f"{L:7d} {fr:4d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} "
+                      "refill_ms": statistics.median(res[cell]["refill_ms"]), "capture_ms": capture_ms[cell][0],
+                      "of_bound": bound, "walk": walks.get(cell, "")}
+        print(f"{L:7d} {fr:4d} {q:11.1f} {f:11.1f} {q / f if f else float('nan'):8.2f} {rr:12.1f} {bound:8.2f} "
               f"{L / q * 1e3:8.0f} {table[key]['streamed_mb']:12.0f} {loan:5d} {grp:5d} "
-              f"{table[key]['refill_ms']:9.1f} {capture_ms[cell][0]:10.1f}")
+              f"{table[key]['refill_ms']:9.1f} {capture_ms[cell][0]:10.1f}  {walks.get(cell, '')}")
     pg = eq.pgraphs
     if pg is not None:
         print(f"prompt graphs (quarter cache): {pg.captures} segments captured in {pg.capture_s * 1e3:.1f} ms, "

@@ -173,7 +173,9 @@ def test_a_wasteful_stream_all_walk_gives_way_to_the_routed_only_walk():
     half = m.cfg.n_layer * m.cfg.n_expert // 2
     ids = list(range(5, 25))
     outs, walks, logs = {}, {}, []
-    for name, cfg in (("stream_min 0", policy.Config(stream_min=0)), ("routed-only", policy.Config(ring=8))):
+    # chunk by chunk (policy.layer_major would take these prompts layer by layer once stream-all is refused)
+    for name, cfg in (("stream_min 0", policy.Config(stream_min=0, prompt_layer_major=False)),
+                      ("routed-only", policy.Config(ring=8, prompt_layer_major=False))):
         dev = HostDevice()
         try:
             e = GpuEngine(m, dev, n_ctx=64, expert_cache=half, chunk=2, config=cfg, log=logs.append)
@@ -200,7 +202,8 @@ def test_a_refused_chunk_counts_the_waste_the_stream_all_walk_measures():
     for name, waste in (("streamed", None), ("counted", 1.0)):
         dev = HostDevice()
         try:
-            e = GpuEngine(m, dev, n_ctx=64, expert_cache=half, chunk=2, config=policy.Config(stream_min=0))
+            e = GpuEngine(m, dev, n_ctx=64, expert_cache=half, chunk=2,
+                          config=policy.Config(stream_min=0, prompt_layer_major=False))   # chunk by chunk
             if waste is None:
                 e.stream_waste.admit = lambda: True
             e.stream_waste.waste = waste

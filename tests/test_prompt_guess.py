@@ -24,7 +24,7 @@ def _run(m, kind, guess: bool, seed=None):
     dev = make_device(kind)
     try:
         e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK,
-                      config=policy.Config(prompt_guess=guess, cpu_share=0.0))
+                      config=policy.Config(prompt_guess=guess, cpu_share=0.0, prompt_layer_major=False))
         if seed is not None:
             seed(e)
         outs = []

@@ -117,6 +117,50 @@ class ExpertCache:
                 self._pending.extend((ev, lo + b, *pairs[b]) for b in range(b0, j))
         self.lent = 0
 
+    def put(self, slot: int, layer: int, expert: int, arena: Arena) -> None:
+        """Copy expert (layer, expert) into `slot` now, on the copy stream: the slot's owner turns non-resident and
+        the newcomer resident at once, so the caller orders the copy after the old owner's readers and the new
+        one's readers after the copy (a layer-major prompt's admissions, accel/layer_major.py)."""
+        old = self.owner[slot]
+        if old is not None and self.slot_of[old] == slot:
+            self.slot_of[old] = -1
+        self._load(slot, layer, expert, arena)
+        self.slot_of[layer, expert] = slot
+        self.version += 1
+
+    def rehome(self, home: list, arena: Arena, after_event) -> int:
+        """Give every usable slot whose owner is not home[s] its home expert back once `after_event` has completed
+        (a layer-major prompt's end: the decode residency it started from); they become resident when the copies
+        land (`poll`), one event a batch of REFILL_EVENT_EVERY. Returns the slots refilled."""
+        moved = [s for s in range(min(len(home), self.usable)) if self.owner[s] != home[s]]
+        if not moved:
+            return 0
+        self.dev.copy.wait(after_event)
+        for s in moved:
+            old = self.owner[s]
+            if old is not None and self.slot_of[old] == s:
+                self.slot_of[old] = -1
+            self.owner[s] = None
+        self.version += 1
+        i = 0
+        while i < len(moved):                            # runs of neighbouring slots taking neighbouring experts
+            s0, j = moved[i], i + 1
+            if home[s0] is None:
+                i = j
+                continue
+            l, e0 = home[s0]
+            while j < len(moved) and j - i < REFILL_EVENT_EVERY and moved[j] == s0 + j - i and \
+                    home[moved[j]] == (l, e0 + j - i):
+                j += 1
+            self.dev.h2d_rows(self.buf, s0, arena.run(l, e0, e0 + j - i), self.dev.copy)
+            ev = self.dev.event(timing=False)
+            ev.record(self.dev.copy)
+            for s in moved[i:j]:
+                self.owner[s] = home[s]
+                self._pending.append((ev, s, *home[s]))
+            i = j
+        return len(moved)
+
     def poll(self) -> int:
         """Mark experts whose copies have landed as resident; returns how many are still in flight."""
         still = []

@@ -41,8 +41,11 @@ class MoeBlock:
         ids = self.ids_host[:T * K].reshape(T, K).copy()
         if self.on_routing:
             self.on_routing(layer, ids)
-        resident = self.cache.resident(layer)
         cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
+        adm, inflight = self._admissions, ()
+        if adm is not None:                          # a layer-major prompt: every routed expert into the cache
+            inflight = adm.routed(layer, cnt)
+        resident = self.cache.resident(layer)
         pre, self._pre = self._pre, None                   # the walk this layer's guess started (_guess)
         assert pre is None or (pre[0] == layer and not share_layer and not self._decode), (pre, layer)
         if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
@@ -56,6 +59,9 @@ class MoeBlock:
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
+        if inflight:                 # the experts whose copies are landing go last: the others compute meanwhile
+            late = np.isin(parts[0], inflight)
+            parts = (np.concatenate([parts[0][~late], parts[0][late]]), parts[1], parts[2])
         walk = None
         if pre is not None:                          # a guessed walk: the routed experts it missed go after it
             walk = pre[1]
@@ -126,6 +132,8 @@ class MoeBlock:
         if self._walk is not None:
             self._walk.prefetch()            # stream-all: the next layer's experts go out before its routing sync
         for ri in range(ri, len(res_groups)):
+            if inflight:
+                adm.before_group(res_groups[ri])
             self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
         if not self._decode:
             self.routes.note(layer, cnt, T)  # after the launches: the sync-to-first-group window is the GPU's idle
@@ -152,8 +160,8 @@ class MoeBlock:
         layer before and the host waits in the sync. Not with the CPU share on the chunk: it picks its experts after
         the sync, and beside auto's share guesses (left to the GPU) were 0.94-1.01x on qwen3's quarter cache and
         0.83-0.89x on flash-shape's (bench/results/h200/ab_guess_share_*_stop35.log)."""
-        if not self.guess or self._walk is not None or (self.cpu_block is not None and self._shareable
-                                                         and self.share.on):
+        if not self.guess or self._walk is not None or self._admissions is not None or (
+                self.cpu_block is not None and self._shareable and self.share.on):
             return
         experts = self.routes.guess(layer, T, self.cache.resident(layer), self._ring.n)
         if experts:

@@ -73,6 +73,8 @@ class Config:
     prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts as captured segments (ours)
     prompt_guess: bool = True              # STRATA_PROMPT_GUESS: stream a layer's likely experts before its routing
                                            # sync (policy.guess, ours)
+    prompt_layer_major: bool = True        # STRATA_PROMPT_LAYER_MAJOR: a prompt of several chunks layer by layer, each
+                                           # layer's experts admitted to the cache once (policy.layer_major, ours)
 
     def __post_init__(self):
         s = self.cpu_share
@@ -121,7 +123,8 @@ _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRAT
     "repeat_loan", "repeat_min_tokens")}
 _VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
              gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH",
-             prompt_graph="STRATA_PROMPT_GRAPH", prompt_guess="STRATA_PROMPT_GUESS")
+             prompt_graph="STRATA_PROMPT_GRAPH", prompt_guess="STRATA_PROMPT_GUESS",
+             prompt_layer_major="STRATA_PROMPT_LAYER_MAJOR")
 _INTS = {  # field -> (lowest, highest, default)
     "cpu_share_max": (1, None, None), "stream_min": (0, None, None), "ring": (1, None, None),
     "lend_pct": (1, 100, LEND_PCT_DEFAULT), "repeat_min_tokens": (0, None, REPEAT_MIN_DEFAULT),
@@ -129,6 +132,7 @@ _INTS = {  # field -> (lowest, highest, default)
 # fmt: on
 _FLAGS = {f: False for f in ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")}
 _FLAGS["decode_graph"] = _FLAGS["prompt_graph"] = _FLAGS["prompt_guess"] = True   # field -> value when unset
+_FLAGS["prompt_layer_major"] = True
 
 
 def from_process() -> Config:

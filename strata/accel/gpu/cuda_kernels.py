@@ -163,6 +163,11 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             "pull: whole, aligned 16-byte words"
         self._pull_words(dst, np.uint64(src.ctypes.data), n // 16, stream)
 
+    def copy(self, dst, src, stream):
+        assert dst.shape == src.shape and dst.dtype == src.dtype and dst.flags.c_contiguous and src.flags.c_contiguous
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice, stream.s.ptr)
+
     def upload_many(self, hosts, stream):
         hosts = [np.ascontiguousarray(h) for h in hosts]
         offs, total = [], 0

@@ -32,6 +32,10 @@ class HostKernels(Kernels):
         assert dst.nbytes == src.nbytes and src.nbytes % 16 == 0, (dst.nbytes, src.nbytes)
         self._run(stream, lambda: dst.__setitem__(slice(None), src))
 
+    def copy(self, dst, src, stream):
+        assert dst.shape == src.shape and dst.dtype == src.dtype, (dst.shape, src.shape)
+        self._run(stream, lambda: np.copyto(dst, src))
+
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         t = np.empty(len(refs), object)
         for i, r in enumerate(refs):

@@ -58,6 +58,10 @@ class Kernels(abc.ABC):
         the work reaches it on `stream`, by a kernel reading the host memory (no copy engine, no host call at run
         time: a captured graph re-reads what the host wrote there since)."""
 
+    @abc.abstractmethod
+    def copy(self, dst, src, stream) -> None:
+        """dst <- src, two C-contiguous device arrays of one dtype and shape (a device-to-device copy)."""
+
     def upload_many(self, hosts: list[np.ndarray], stream) -> list:
         """Several small tables in one go (CUDA packs them into one copy)."""
         return [self.upload(h, stream) for h in hosts]

@@ -1,0 +1,194 @@
+"""A prompt of several chunks run layer by layer (policy.layer_major, ours): every chunk through a layer before any
+goes on to the next, each layer's routed experts copied into the expert cache once for all its chunks.
+
+`Admissions` owns the cache's slots while such a prompt runs: the slots the prompt does not borrow hold the current
+layer's experts, and the next layer's likely ones where room is left; at the end every slot gets its decode
+resident back (ExpertCache.rehome). A copy into a slot waits for the layer that last read it (an event after that
+layer's last chunk); compute reads an admitted slot only after its copy's event. `run` is the engine's loop.
+Legend: T prompt tokens, Tc a chunk's tokens, D hidden, E experts, L layers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from strata.accel.buffers import Carver, attn_scratch_bytes, carve
+from strata.accel.moe import ExpertRunner
+from strata.models.common import head
+from strata.policy.layer_major import victims
+from strata.policy.stream import unrouted_waste
+
+LAYER_MAJOR = "layer-major"      # the walk's name in Stats.chunks
+
+
+COPY_BATCH = 8      # copies an event covers: a group waits for the batch of its newest expert, not the whole admission
+
+
+class Admissions:
+    def __init__(self, dev, cache, arena, routes, chunk: int, count_waste: bool = False):
+        self.dev, self.cache, self.arena, self.routes, self.chunk = dev, cache, arena, routes, chunk
+        self.home = list(cache.owner[:cache.usable])      # the decode residency to give back
+        # what stream-all's queue would have held and left unrouted (policy.StreamWaste, as a refused chunk counts
+        # it), against the residency the prompt started from: routing that turns dense goes back to stream-all
+        self.waste = [0, 0] if count_waste else None
+        self.home_res = cache.slot_of >= 0                # [L, E]
+        self.done: dict[int, object] = {}                 # layer -> event after its last chunk's compute
+        self.landed: dict[int, tuple[int, object]] = {}   # slot -> (copy number, the event after its batch)
+        self.waited = 0                                   # compute waits for every copy up to this number
+        self.pending: dict[int, tuple[int, object]] = {}  # this chunk's routed experts still in flight
+        self.queue: list[int] = []                        # the next layer's guessed experts not admitted yet
+        self.copies = 0
+        self.bytes_in = 0
+
+    def _owners(self) -> np.ndarray:
+        return np.fromiter((-1 if o is None else o[0] for o in self.cache.owner[:self.cache.usable]), np.int64,
+                           self.cache.usable)
+
+    def admit(self, layer: int, experts, protect: tuple[int, ...]) -> int:
+        """Copy experts (non-resident ones of `layer`) into the best victim slots (policy.layer_major.victims),
+        each copy after the compute that last read its slot. Returns how many were admitted (fewer when the
+        victims run out: the rest stay non-resident)."""
+        if not len(experts):
+            return 0
+        slots = victims(self._owners(), layer, protect)[:len(experts)].tolist()
+        cache, dev = self.cache, self.dev
+        waited, batch = set(), []
+        for i, (e, s) in enumerate(zip(experts, slots)):
+            old = cache.owner[s]
+            ev = self.done.get(old[0]) if old is not None else None
+            if ev is not None and id(ev) not in waited:       # victims come earliest layer first: waits in order
+                dev.copy.wait(ev)
+                waited.add(id(ev))
+            cache.put(s, layer, int(e), self.arena)
+            self.copies += 1
+            batch.append(s)
+            if len(batch) == COPY_BATCH or i == len(slots) - 1:
+                done = dev.event(timing=False)
+                done.record(dev.copy)
+                for b in batch:
+                    self.landed[b] = (self.copies, done)
+                batch = []
+        self.bytes_in += len(slots) * cache.slot_bytes
+        return len(slots)
+
+    def guess(self, layer: int, protect: tuple[int, ...]) -> None:
+        """Queue the experts `layer` likely routes in a chunk (policy.guess at the chunk's tokens), as many as
+        victim slots allow; `prefetch` admits them."""
+        room = len(victims(self._owners(), layer, protect))
+        self.queue = self.routes.guess(layer, self.chunk, self.cache.resident(layer), room)
+
+    def prefetch(self, layer: int, protect: tuple[int, ...], share: float = 1.0) -> int:
+        """Admit a share of the queued guesses for `layer` (the ones still non-resident): spread over the chunks of
+        the layer before, so that an admission of that layer's own waits behind few of them on the copy stream."""
+        q = [e for e in self.queue if not self.cache.resident(layer)[e]]
+        take = q[:max(1, round(share * len(q)))] if q else []
+        self.queue = q[len(take):]
+        return self.admit(layer, take, protect)
+
+    def routed(self, layer: int, cnt: np.ndarray) -> list[int]:
+        """At a chunk's routing sync: admit the routed experts not resident yet. Returns the routed experts whose
+        copies compute has not waited for yet (`before_group` waits for them group by group)."""
+        if self.waste is not None:
+            n, u = unrouted_waste(cnt, self.home_res[layer])
+            self.waste[0] += n
+            self.waste[1] += u
+        need = np.flatnonzero((cnt > 0) & ~self.cache.resident(layer))
+        got = self.admit(layer, need, (layer,))
+        assert got == len(need), f"layer {layer}: {len(need)} experts to admit, room for {got} (kept slots < E)"
+        self.pending = {}
+        for e in np.flatnonzero(cnt > 0).tolist():
+            got = self.landed.get(int(self.cache.slot_of[layer, e]))
+            if got is not None and got[0] > self.waited:
+                self.pending[e] = got
+        return list(self.pending)
+
+    def before_group(self, members) -> None:
+        """Compute waits for the newest copy among a group's members still in flight (copies land in order)."""
+        newest = None
+        for e in members:
+            got = self.pending.pop(e, None)
+            if got is not None and (newest is None or got[0] > newest[0]):
+                newest = got
+        if newest is not None and newest[0] > self.waited:
+            self.dev.compute.wait(newest[1])
+            self.waited = newest[0]
+
+    def layer_done(self, layer: int) -> None:
+        ev = self.dev.event(timing=False)
+        ev.record(self.dev.compute)
+        self.done[layer] = ev
+
+    def end(self, after_event) -> int:
+        """Every slot's decode resident back once `after_event` (the prompt's last compute) has completed."""
+        return self.cache.rehome(self.home, self.arena, after_event)
+
+
+def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_waste: bool = False):
+    """The prompt through every layer, chunk by chunk within a layer; logits of the last token [1, V] (or every
+    token's [T, V]) on the host. `region`: the borrowed (or owned) bytes: one chunk's step buffers, then every
+    chunk's residual stream xs [T, D] f32."""
+    c, dev, k = eng.cfg, eng.dev, eng.dev.k
+    T = len(tokens)
+    carver = Carver(dev, region)
+    bufs = carve(c, chunk, eng.plan.group, attn_scratch_bytes(c, chunk, eng.n_ctx), carver)
+    xs = carver.take((T, c.n_embd), np.float32)                                   # [T, D]
+    spans = [(a, min(a + chunk, T)) for a in range(0, T, chunk)]
+    if eng.cache.poll():             # the last prompt's refill in flight: its slots hold no one resident yet
+        dev.copy.synchronize()
+        eng.cache.poll()
+    eng._runner = ExpertRunner(dev, c, eng.arena.types, bufs, eng.few_rows)
+    eng._ring, eng._walk, eng._pre, eng._counted, eng._shareable = None, None, None, None, False
+    adm = eng._admissions = Admissions(dev, eng.cache, eng.arena, eng.routes, chunk, count_waste)
+    pos0, chunk0 = eng.pos, eng.n_chunks
+    t0 = time.perf_counter()
+    eng._decode = False
+    ok = False
+    try:
+        with dev.on(dev.compute):
+            adm.guess(0, (0,))
+            adm.prefetch(0, (0,))                  # layer 0's copies go out while the rows are gathered
+            pos_dev = k.upload(np.arange(pos0, pos0 + T, dtype=np.int32), dev.compute)        # [T]
+            for a, b in spans:
+                eng.ops.begin(bufs, pos0 + a, b - a, pos_dev=pos_dev[a:b])
+                eng.ops.embed("token_embd.weight", tokens[a:b], out=xs[a:b])
+            for layer in range(c.n_layer):
+                for j, (a, b) in enumerate(spans):
+                    eng.pos, eng.n_chunks = pos0 + a, chunk0 + j        # a routing trace's chunk and position
+                    eng.ops.begin(bufs, pos0 + a, b - a, pos_dev=pos_dev[a:b])
+                    y = eng.model.forward_block(eng.ops, xs[a:b], layer, np.arange(pos0 + a, pos0 + b))
+                    k.copy(xs[a:b], y, dev.compute)
+                    if layer + 1 < c.n_layer and j + 1 < len(spans):
+                        # the room this layer leaves takes the next one's likely experts, a share after each chunk
+                        if j == 0:
+                            adm.guess(layer + 1, (layer, layer + 1))
+                        adm.prefetch(layer + 1, (layer, layer + 1), 1 / (len(spans) - 1 - j))
+                adm.layer_done(layer)
+                if layer + 1 < c.n_layer:      # the rest into this layer's slots, after its compute
+                    adm.guess(layer + 1, (layer + 1,))
+                    adm.prefetch(layer + 1, (layer + 1,))
+                if eng.progress:
+                    eng.progress(f"prefill: layer {layer + 1} of {c.n_layer} over {len(spans)} chunks of up to "
+                                 f"{chunk} tokens, {adm.copies} experts streamed, "
+                                 f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
+            # every chunk's logits as the chunk-by-chunk engine takes them (a head over a chunk's rows: the head's
+            # product over other row counts is another GEMM shape, with other bits), or the last token's
+            logits = [head(eng.ops, c, xs[a:b]) for a, b in spans] if all_logits else [head(eng.ops, c, xs[T - 1:T])]
+            if eng.cpu_block is not None:
+                eng.cpu_block.settle()
+        out = np.concatenate([dev.tohost(x) for x in logits])                       # [T or 1, V]
+        ok = True
+    finally:
+        eng.pos, eng.n_chunks = pos0 + (T if ok else 0), chunk0 + (len(spans) if ok else 0)
+        ev = dev.event(timing=False)
+        ev.record(dev.compute)
+        adm.end(ev)
+        eng._admissions = None
+    if adm.waste is not None:
+        eng._note_waste(*adm.waste, streamed=False)
+    eng.stats.streamed_bytes += adm.bytes_in
+    eng.stats.streamed_experts += adm.copies
+    for a, b in spans:
+        eng.stats.chunks.append((b - a, LAYER_MAJOR, adm.copies if a == 0 else 0))
+    return out

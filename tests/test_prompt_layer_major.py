@@ -1,0 +1,193 @@
+"""A prompt of several chunks run layer by layer (policy.layer_major): each layer's routed experts admitted into the
+cache once for all its chunks. Oracle: the same prompts on the chunk-by-chunk engine (STRATA_PROMPT_LAYER_MAJOR=0's
+path), both with the dense parts op by op (prompt graphs pad a chunk's rows to 64, another GEMM shape with other
+bits, and the layer-major loop takes none): the logits keep their bits, every token's too, and the cache holds its
+decode residents again once the prompt's refill has landed."""
+
+import numpy as np
+import pytest
+
+from strata import models, policy
+from strata.reference import golden
+from tests.test_accel_engine import _devices, make_device
+
+CHUNK = 16
+
+
+def _prompts(n_vocab):
+    return [[(7 * i + 3 + 11 * j) % n_vocab for i in range(2 * CHUNK + 5)] for j in range(3)]
+
+
+def _engine(m, dev, major: bool):
+    from strata.accel.engine import GpuEngine
+
+    c = m.cfg
+    # a cache of one layer's worth: the smallest that a layer-major prompt takes (kept slots >= E)
+    return GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_expert, chunk=CHUNK,
+                     config=policy.Config(cpu_share=0.0, prompt_graph=False, prompt_layer_major=major))
+
+
+def _run(m, kind, major: bool, all_logits=False):
+    dev = make_device(kind)
+    try:
+        e = _engine(m, dev, major)
+        home = e.cache.slot_of.copy()
+        outs = []
+        for p in _prompts(m.cfg.n_vocab):
+            e.reset()
+            outs.append(e.prefill(p, all_logits=all_logits))
+        dev.synchronize()
+        e.cache.poll()
+        assert np.array_equal(e.cache.slot_of >= 0, home >= 0), "the decode residents are not back"
+        assert not e.cache._pending
+    finally:
+        dev.close()
+    return outs, e
+
+
+@pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("name", golden.golden_models())
+def test_layer_major_prompts_keep_the_bits(kind, name):
+    """Three prompts of three chunks each: every prompt runs layer-major, streams fewer experts than chunk by chunk
+    (each routed expert once a layer, not once a chunk), and gives the chunk-by-chunk engine's bits."""
+    m = models.load(golden.model_path(name))
+    want, e0 = _run(m, kind, False)
+    got, e = _run(m, kind, True)
+    assert {w for _, w, _ in e0.stats.chunks} == {"routed-only"}
+    assert [w for _, w, _ in e.stats.chunks] == ["layer-major"] * 9, e.stats.chunks
+    assert e.stats.streamed_experts < e0.stats.streamed_experts, (e.stats.streamed_experts,
+                                                                 e0.stats.streamed_experts)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
+
+
+@pytest.mark.parametrize("kind", _devices())
+def test_every_tokens_logits_keep_the_bits(kind):
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    want, _ = _run(m, kind, False, all_logits=True)
+    got, _ = _run(m, kind, True, all_logits=True)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert a.shape == b.shape == (2 * CHUNK + 5, m.cfg.n_vocab)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
+
+
+def test_a_routing_trace_names_each_records_chunk():
+    """--dump-routing's records come layer by layer, each with its own chunk's index and first position."""
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    dev = make_device("host")
+    try:
+        e = _engine(m, dev, True)
+        seen = []
+        e.on_routing = lambda layer, ids: seen.append((layer, e.n_chunks, e.pos, ids.shape[0]))
+        e.prefill(_prompts(m.cfg.n_vocab)[0])
+    finally:
+        dev.close()
+    want = [(l, j, j * CHUNK, min(CHUNK, 2 * CHUNK + 5 - j * CHUNK)) for l in range(m.cfg.n_layer) for j in range(3)]
+    assert seen == want
+    assert (e.pos, e.n_chunks) == (2 * CHUNK + 5, 3)
+
+
+def test_a_prompt_that_raises_gives_the_cache_back():
+    """An error in the middle of a layer-major prompt: every slot gets its decode resident back and the next prompt
+    gives the bits it gives on a fresh engine."""
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    p = _prompts(m.cfg.n_vocab)[1]
+    dev = make_device("host")
+    try:
+        e = _engine(m, dev, True)
+        home = list(e.cache.owner)
+        block = e.model.forward_block
+
+        def failing(ops, x, layer, pos):
+            if layer == 1 and e.n_chunks == 1:
+                raise RuntimeError("injected")
+            return block(ops, x, layer, pos)
+
+        e.model.forward_block = failing
+        with pytest.raises(RuntimeError, match="injected"):
+            e.prefill(p)
+        e.model.forward_block = block
+        dev.synchronize()
+        e.cache.poll()
+        assert e.cache.owner == home and e.pos == 0
+        assert sorted(map(tuple, np.argwhere(e.cache.slot_of >= 0))) == sorted(o for o in home if o is not None)
+        got = e.prefill(p)
+        fresh = _engine(m, dev, True).prefill(p)
+    finally:
+        dev.close()
+    assert np.array_equal(got.view(np.uint32), fresh.view(np.uint32))
+
+
+def test_the_switch_and_the_one_chunk_prompt():
+    """STRATA_PROMPT_LAYER_MAJOR=0 runs chunk by chunk; a prompt of one chunk never runs layer-major."""
+    assert not policy.Config.from_env({"STRATA_PROMPT_LAYER_MAJOR": "0"}).prompt_layer_major
+    assert policy.Config.from_env({}).prompt_layer_major
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    dev = make_device("host")
+    try:
+        e = _engine(m, dev, True)
+        e.prefill(_prompts(m.cfg.n_vocab)[0][:CHUNK])
+        assert [w for _, w, _ in e.stats.chunks] == ["routed-only"]
+        assert _engine(m, dev, False)._layer_major(3 * CHUNK) is None
+        assert e._layer_major(3 * CHUNK) == (CHUNK, 0, False)
+    finally:
+        dev.close()
+
+
+def test_a_copy_into_a_slot_waits_for_the_layer_that_read_it():
+    """Admissions: a victim of a layer already run is overwritten only after that layer's compute (its `done`
+    event): on the host twin, an event whose work has not completed holds the copy thread."""
+    import threading
+    import time
+
+    from strata.accel.device.host import HostEvent
+    from strata.accel.layer_major import Admissions
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    dev = make_device("host")
+    running = HostEvent()
+    running._done = threading.Event()                    # layer 0's compute, still running
+    try:
+        e = _engine(m, dev, True)
+        cache = e.cache
+        adm = Admissions(dev, cache, e.arena, e.routes, 3 * CHUNK)
+        adm.done[0] = running
+        e1 = int(np.flatnonzero(~cache.resident(1))[0])
+        assert adm.admit(1, [e1], (1,)) == 1
+        slot = int(cache.slot_of[1, e1])
+        assert adm.home[slot][0] == 0                    # the victim: a slot of layer 0
+        want = np.asarray(e.arena.blob(1, e1))
+        time.sleep(0.05)
+        assert not np.array_equal(cache.buf[slot][:want.size], want), "copied before layer 0 was done"
+        running._done.set()
+        dev.synchronize()
+        assert np.array_equal(cache.buf[slot][:want.size], want)
+    finally:
+        running._done.set()
+        dev.close()
+
+
+def test_stream_all_keeps_its_chunks_while_its_queue_is_routed():
+    """Chunks SPEC §3 sends down stream-all stay chunk by chunk while its queue is mostly routed (broad routing:
+    its copies overlap every layer's compute); once it is found wasteful, the prompt runs layer-major and counts
+    the waste itself, as a refused chunk does."""
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+    dev = make_device("host")
+    try:
+        from strata.accel.engine import GpuEngine
+
+        e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_expert, chunk=CHUNK,
+                      config=policy.Config(cpu_share=0.0, prompt_graph=False, stream_min=0))
+        p = _prompts(c.n_vocab)[0]
+        e.stream_waste.waste = 0.0
+        e.prefill(p)
+        walks = [w for _, w, _ in e.stats.chunks]
+        assert walks[0] == "stream-all" and "layer-major" not in walks, walks
+        e.reset()
+        e.stream_waste.waste = 0.9
+        e.prefill(p)
+        assert [w for _, w, _ in e.stats.chunks[3:]] == ["layer-major"] * 3
+        assert e.stream_waste.waste != 0.9          # counted from the prompt's routing
+    finally:
+        dev.close()
