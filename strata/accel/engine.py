@@ -16,7 +16,7 @@ import numpy as np
 from strata import policy
 from strata.accel import layer_major, prompt_graph
 from strata.accel.arena import PROGRESS_BYTES, Arena
-from strata.accel.buffers import ALIGN, Carver, attn_scratch_bytes, carve, carve_prompt, layout_bytes
+from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
 from strata.accel.memplan import GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
@@ -26,7 +26,6 @@ from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
 from strata.policy.guess import RouteMemory
-from strata.policy.layer_major import layer_major_chunk
 from strata.policy.stream import (ROUTED_ONLY_RING, STREAM_ALL_PROBE, STREAM_ALL_PROBE_MAX, StreamWaste,
                                   Walk as WalkKind, stream_all_queue, walk_for)
 
@@ -223,6 +222,8 @@ class GpuEngine(MoeBlock):
         major = self._layer_major(len(tokens))
         if major is not None:
             chunk, loan, refused = major
+            self.log(f"prefill: {len(tokens):,} tokens layer by layer, {-(-len(tokens) // chunk)} chunks of up to "
+                     f"{chunk:,}, {loan} cache slots borrowed (policy.layer_major)")
             region = self._lend(loan)
             self.stats.loan_slots = loan
             try:
@@ -264,22 +265,7 @@ class GpuEngine(MoeBlock):
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def _layer_major(self, n: int) -> tuple[int, int, bool] | None:
-        """(chunk, loan, stream-all refused) where a prompt of n tokens runs layer by layer (policy.layer_major),
-        else None. Only in place of routed-only chunks: where the stream-all walk would take them (broad routing:
-        its queue mostly routed), its copies already overlap the compute of every layer, and layer by layer a
-        layer's copies wait for the layer before (flash-shape's 8K prompt 0.80x on the H200,
-        bench/results/h200/ab_lm_f8_stop37.log)."""
-        c, p = self.cfg, self.plan
-        if not self.config.prompt_layer_major or (p.owned_prompt and self.cache.n_resident() == c.n_layer * c.n_expert):
-            return None                          # (every expert resident: nothing streams either way)
-        _, ring, _, _ = p.for_prompt(self.config, self.share, n)
-        refused = walk_for(self.config, self.share, min(n, p.chunk), ring) is WalkKind.STREAM_ALL
-        if refused and self.stream_waste.dense:
-            return None
-        got = layer_major_chunk(n, p.chunk, self.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
-                                lambda t: layout_bytes(c, t, p.group, attn_scratch_bytes(c, t, self.n_ctx)),
-                                n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
-        return None if got is None else (*got, refused)
+        return layer_major.choose(self, n)
 
     def _fits(self, n: int) -> None:
         if self.pos + n > self.n_ctx:

@@ -120,6 +120,10 @@ def run_gpu(a, dev) -> int:
         elif eng.guess and eng.dev.kind == "cuda":
             note(f"guessed walks: {s.guessed} experts streamed before their layer's routing sync, "
                  f"{s.guessed_unrouted} of them unrouted (STRATA_PROMPT_GUESS=0 turns them off)")
+        lm = [n for n, w, _ in s.chunks if w == "layer-major"]
+        if lm:
+            note(f"layer-major: {len(lm)} prompt chunks ran layer by layer, each layer's experts streamed once a "
+                 f"prompt (STRATA_PROMPT_LAYER_MAJOR=0 runs them chunk by chunk)")
         pg = eng.pgraphs
         if pg is not None:
             note(f"prompt graphs: {pg.eager} segments eager, {pg.captures} captured ({pg.capture_s * 1e3:.1f} ms), "

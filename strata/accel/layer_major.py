@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 
-from strata.accel.buffers import Carver, attn_scratch_bytes, carve
+from strata.accel.buffers import ALIGN, Carver, attn_scratch_bytes, carve, layout_bytes
 from strata.accel.moe import ExpertRunner
 from strata.models.common import head
-from strata.policy.layer_major import victims
-from strata.policy.stream import unrouted_waste
+from strata.policy.layer_major import layer_major_chunk, victims
+from strata.policy.stream import Walk, unrouted_waste, walk_for
 
 LAYER_MAJOR = "layer-major"      # the walk's name in Stats.chunks
 
@@ -123,6 +123,25 @@ class Admissions:
     def end(self, after_event) -> int:
         """Every slot's decode resident back once `after_event` (the prompt's last compute) has completed."""
         return self.cache.rehome(self.home, self.arena, after_event)
+
+
+def choose(eng, n: int) -> tuple[int, int, bool] | None:
+    """(chunk, loan, stream-all refused) where a prompt of n tokens runs layer by layer (policy.layer_major), else
+    None. Only in place of routed-only chunks: where the stream-all walk would take them (broad routing: its queue
+    mostly routed), its copies already overlap the compute of every layer, and layer by layer a layer's copies wait
+    for the layer before (flash-shape's 8K prompt 0.80x on the H200, bench/results/h200/ab_lm_f8_stop37a.log). Not
+    where every expert is resident: nothing streams either way."""
+    c, p = eng.cfg, eng.plan
+    if not eng.config.prompt_layer_major or (p.owned_prompt and eng.cache.n_resident() == c.n_layer * c.n_expert):
+        return None
+    _, ring, _, _ = p.for_prompt(eng.config, eng.share, n)
+    refused = walk_for(eng.config, eng.share, min(n, p.chunk), ring) is Walk.STREAM_ALL
+    if refused and eng.stream_waste.dense:
+        return None
+    got = layer_major_chunk(n, p.chunk, eng.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
+                            lambda t: layout_bytes(c, t, p.group, attn_scratch_bytes(c, t, eng.n_ctx)),
+                            n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
+    return None if got is None else (*got, refused)
 
 
 def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_waste: bool = False):
