@@ -234,7 +234,7 @@ def main():
         _, _, loan, grp = eq.plan.for_prompt(eq.config, eq.share, L)   # what this prompt borrows, its scratch
         major = eq._layer_major(L)
         if major is not None:                                            # layer by layer (policy.layer_major)
-            loan, grp = major[1], eq.plan.group
+            loan, grp = major[1], eq.dbufs.group                        # decode's weight scratch
         # #5's 8K bar: the speed against the lower of the all-resident and the PCIe-bound speeds
         bound = max(f, rr) / q
         key = L if len(fews) == 1 else f"{L}/{fr}"

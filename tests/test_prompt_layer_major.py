@@ -15,7 +15,8 @@ CHUNK = 16
 
 
 def _prompts(n_vocab):
-    return [[(7 * i + 3 + 11 * j) % n_vocab for i in range(2 * CHUNK + 5)] for j in range(3)]
+    # three chunks' worth: the layer-major chunks (equal ones, policy.layer_major) are the chunk-by-chunk engine's
+    return [[(7 * i + 3 + 11 * j) % n_vocab for i in range(3 * CHUNK)] for j in range(3)]
 
 
 def _engine(m, dev, major: bool):
@@ -67,7 +68,7 @@ def test_every_tokens_logits_keep_the_bits(kind):
     want, _ = _run(m, kind, False, all_logits=True)
     got, _ = _run(m, kind, True, all_logits=True)
     for i, (a, b) in enumerate(zip(want, got)):
-        assert a.shape == b.shape == (2 * CHUNK + 5, m.cfg.n_vocab)
+        assert a.shape == b.shape == (3 * CHUNK, m.cfg.n_vocab)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
 
 
@@ -82,9 +83,9 @@ def test_a_routing_trace_names_each_records_chunk():
         e.prefill(_prompts(m.cfg.n_vocab)[0])
     finally:
         dev.close()
-    want = [(l, j, j * CHUNK, min(CHUNK, 2 * CHUNK + 5 - j * CHUNK)) for l in range(m.cfg.n_layer) for j in range(3)]
+    want = [(l, j, j * CHUNK, CHUNK) for l in range(m.cfg.n_layer) for j in range(3)]
     assert seen == want
-    assert (e.pos, e.n_chunks) == (2 * CHUNK + 5, 3)
+    assert (e.pos, e.n_chunks) == (3 * CHUNK, 3)
 
 
 def test_a_prompt_that_raises_gives_the_cache_back():
@@ -151,7 +152,7 @@ def test_a_copy_into_a_slot_waits_for_the_layer_that_read_it():
         e = _engine(m, dev, True)
         cache = e.cache
         adm = Admissions(dev, cache, e.arena, e.routes, 3 * CHUNK)
-        adm.done[0] = running
+        adm.done[0] = (1, running)
         e1 = int(np.flatnonzero(~cache.resident(1))[0])
         assert adm.admit(1, [e1], (1,)) == 1
         slot = int(cache.slot_of[1, e1])
@@ -189,5 +190,38 @@ def test_stream_all_keeps_its_chunks_while_its_queue_is_routed():
         e.prefill(p)
         assert [w for _, w, _ in e.stats.chunks[3:]] == ["layer-major"] * 3
         assert e.stream_waste.waste != 0.9          # counted from the prompt's routing
+    finally:
+        dev.close()
+
+
+def test_a_layers_last_chunk_frees_its_slots_group_by_group():
+    """The last chunk of a layer marks the slots it does not read free at its routing sync, and each launch group's
+    slots free after that group (its on_released): the next layer's victims come in that order."""
+    from strata.accel.layer_major import Admissions
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+    dev = make_device("host")
+    try:
+        e = _engine(m, dev, True)
+        adm = Admissions(dev, e.cache, e.arena, e.routes, CHUNK)
+        adm.last = True
+        cnt = np.zeros(c.n_expert, np.int64)
+        mine = np.flatnonzero(e.cache.resident(0))
+        cnt[mine[:2]] = 5                                  # the chunk routes two of layer 0's residents
+        adm.routed(0, cnt)
+        adm.released(0, [int(mine[1])])
+        adm.released(0, [int(mine[0])])
+        adm.layer_done(0)
+        slot = {int(x): int(e.cache.slot_of[0, x]) for x in mine}
+        got = {x: adm._freed(s, 0)[0] for x, s in slot.items()}
+        assert got[int(mine[1])] < got[int(mine[0])]
+        assert all(got[int(x)] < got[int(mine[1])] for x in mine[2:])
+        order = [s for s in adm._ready(adm._owners()).argsort(kind="stable").tolist() if s in slot.values()]
+        owners = adm._owners()
+        from strata.policy.layer_major import victims
+
+        picked = [s for s in victims(owners, 1, (1,), adm._ready(owners)).tolist() if s in slot.values()]
+        assert picked[-2:] == [slot[int(mine[1])], slot[int(mine[0])]], (picked, order)
     finally:
         dev.close()

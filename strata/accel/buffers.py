@@ -58,22 +58,29 @@ class StepBuffers:
     attn_scratch: object = None  # u8            blocked attention's score buffers
 
 
-def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver) -> StepBuffers:
-    """Lay out a StepBuffers for `cap` tokens with `carver` (a dry-run carver only counts)."""
+def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver, weights=None,
+          x: bool = True) -> StepBuffers:
+    """Lay out a StepBuffers for `cap` tokens with `carver` (a dry-run carver only counts). `weights`: a weight
+    scratch (w_gu, w_d) of `group` experts to use instead of carving one (a layer-major prompt borrows decode's);
+    x=False: no embedding buffer (a layer-major prompt keeps every chunk's rows in its own)."""
     c = carver
     D, F, K = cfg.n_embd, cfg.n_ff_exp, cfg.n_expert_used
     R = cap * K
     f32, f16, i32 = np.float32, np.float16, np.int32
     b = StepBuffers(cap, R, group)
-    b.x = c.take((cap, D), f32)
+    b.x = c.take((cap, D), f32) if x else None
     b.ids = c.take((cap, K), i32)
     b.w = c.take((cap, K), f32)
     b.xg = c.take((R, D), f16)
     b.gu = c.take((R, 2 * F), f32)
     b.hh = c.take((R, F), f16)
     b.dm = c.take((R, D), f32)
-    b.w_gu = c.take((group, 2 * F, D), f16)
-    b.w_d = c.take((group, D, F), f16)
+    if weights is None:
+        b.w_gu = c.take((group, 2 * F, D), f16)
+        b.w_d = c.take((group, D, F), f16)
+    else:                                             # (None, None): a dry run that leaves the scratch out
+        b.w_gu, b.w_d = weights
+        assert b.w_gu is None or (b.w_gu.shape == (group, 2 * F, D) and b.w_d.shape == (group, D, F)), group
     b.attn_scratch = c.take((attn_scratch_bytes,), np.uint8)
     return b
 
@@ -97,10 +104,11 @@ def decode_scores_bytes(cfg, n_ctx: int) -> int:
     return cfg.n_head * attn_decode_cols(n_ctx, cfg.head_dim) * 4
 
 
-def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int) -> int:
-    """Bytes `carve` takes, rounded up to ALIGN: what follows in the same region (the ring) starts aligned."""
+def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int, weights: bool = True, x: bool = True) -> int:
+    """Bytes `carve` takes, rounded up to ALIGN: what follows in the same region (the ring) starts aligned.
+    weights=False: without the weight scratch (carve's `weights` given); x=False: without the embedding buffer."""
     c = Carver(None)
-    carve(cfg, cap, group, attn_scratch_bytes, c)
+    carve(cfg, cap, group, attn_scratch_bytes, c, None if weights else (None, None), x)
     return -(-c.used // ALIGN) * ALIGN
 
 

@@ -34,7 +34,14 @@ class Admissions:
         # it), against the residency the prompt started from: routing that turns dense goes back to stream-all
         self.waste = [0, 0] if count_waste else None
         self.home_res = cache.slot_of >= 0                # [L, E]
-        self.done: dict[int, object] = {}                 # layer -> event after its last chunk's compute
+        # when a slot's last reader in this prompt ends: (number, compute event), numbered in recording order.
+        # A layer's last chunk records them: an event at its routing sync for the slots it does not route, one
+        # after each launch group's last read of its blobs for the rest (ExpertRunner.group's on_released), so
+        # the next layer's copies start as the groups pass, not once the whole layer has ended
+        self.free: dict[int, tuple[int, object]] = {}     # slot -> (number, event)
+        self.done: dict[int, tuple[int, object]] = {}     # layer -> (number, event) after its last chunk's compute
+        self.events = 0
+        self.last = False                                 # the chunk running is its layer's last
         self.landed: dict[int, tuple[int, object]] = {}   # slot -> (copy number, the event after its batch)
         self.waited = 0                                   # compute waits for every copy up to this number
         self.pending: dict[int, tuple[int, object]] = {}  # this chunk's routed experts still in flight
@@ -52,15 +59,16 @@ class Admissions:
         victims run out: the rest stay non-resident)."""
         if not len(experts):
             return 0
-        slots = victims(self._owners(), layer, protect)[:len(experts)].tolist()
+        owners = self._owners()
+        slots = victims(owners, layer, protect, self._ready(owners))[:len(experts)].tolist()
         cache, dev = self.cache, self.dev
-        waited, batch = set(), []
+        waited, batch = 0, []
         for i, (e, s) in enumerate(zip(experts, slots)):
-            old = cache.owner[s]
-            ev = self.done.get(old[0]) if old is not None else None
-            if ev is not None and id(ev) not in waited:       # victims come earliest layer first: waits in order
-                dev.copy.wait(ev)
-                waited.add(id(ev))
+            got = self._freed(s, owners[s])
+            if got is not None and got[0] > waited:           # victims come in the order they free: waits in order
+                dev.copy.wait(got[1])
+                waited = got[0]
+            self.free.pop(s, None)
             cache.put(s, layer, int(e), self.arena)
             self.copies += 1
             batch.append(s)
@@ -72,6 +80,32 @@ class Admissions:
                 batch = []
         self.bytes_in += len(slots) * cache.slot_bytes
         return len(slots)
+
+    def _freed(self, slot: int, owner_layer: int):
+        """(number, event) after the last read of `slot` in this prompt, None where nothing waits (an empty slot,
+        or one of a layer not run yet)."""
+        got = self.free.get(slot)
+        return got if got is not None else self.done.get(owner_layer)
+
+    def _ready(self, owners: np.ndarray) -> np.ndarray:
+        """[slots] when each slot of a run layer comes free (its event's number; 0: now), victims' order."""
+        out = np.zeros(owners.shape[0], np.int64)
+        for s, l in enumerate(owners.tolist()):
+            got = self._freed(s, l) if l >= 0 else None
+            out[s] = got[0] if got is not None else 0
+        return out
+
+    def _record(self) -> tuple[int, object]:
+        ev = self.dev.event(timing=False)
+        ev.record(self.dev.compute)
+        self.events += 1
+        return self.events, ev
+
+    def released(self, layer: int, members) -> None:
+        """A launch group of a layer's last chunk has read its blobs (enqueued): their slots free after it."""
+        got = self._record()
+        for e in members:
+            self.free[int(self.cache.slot_of[layer, e])] = got
 
     def guess(self, layer: int, protect: tuple[int, ...]) -> None:
         """Queue the experts `layer` likely routes in a chunk (policy.guess at the chunk's tokens), as many as
@@ -96,6 +130,10 @@ class Admissions:
             self.waste[1] += u
         need = np.flatnonzero((cnt > 0) & ~self.cache.resident(layer))
         got = self.admit(layer, need, (layer,))
+        if self.last:                  # the slots this chunk does not read are free after the chunks before it
+            mark = self._record()
+            for s in self.cache.slot_of[layer][self.cache.slot_of[layer] >= 0].tolist():
+                self.free[s] = mark
         assert got == len(need), f"layer {layer}: {len(need)} experts to admit, room for {got} (kept slots < E)"
         self.pending = {}
         for e in np.flatnonzero(cnt > 0).tolist():
@@ -116,9 +154,7 @@ class Admissions:
             self.waited = newest[0]
 
     def layer_done(self, layer: int) -> None:
-        ev = self.dev.event(timing=False)
-        ev.record(self.dev.compute)
-        self.done[layer] = ev
+        self.done[layer] = self._record()
 
     def end(self, after_event) -> int:
         """Every slot's decode resident back once `after_event` (the prompt's last compute) has completed."""
@@ -139,7 +175,8 @@ def choose(eng, n: int) -> tuple[int, int, bool] | None:
     if refused and eng.stream_waste.dense:
         return None
     got = layer_major_chunk(n, p.chunk, eng.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
-                            lambda t: layout_bytes(c, t, p.group, attn_scratch_bytes(c, t, eng.n_ctx)),
+                            lambda t: layout_bytes(c, t, eng.dbufs.group, attn_scratch_bytes(c, t, eng.n_ctx), False,
+                                                   False),
                             n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
     return None if got is None else (*got, refused)
 
@@ -151,7 +188,10 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
     c, dev, k = eng.cfg, eng.dev, eng.dev.k
     T = len(tokens)
     carver = Carver(dev, region)
-    bufs = carve(c, chunk, eng.plan.group, attn_scratch_bytes(c, chunk, eng.n_ctx), carver)
+    # the weight scratch is decode's (its groups of GROUP experts; idle while a prompt runs): the loan holds
+    # rows, not a second scratch, so the chunks are larger and dequantise each layer's experts fewer times
+    d = eng.dbufs
+    bufs = carve(c, chunk, d.group, attn_scratch_bytes(c, chunk, eng.n_ctx), carver, (d.w_gu, d.w_d), x=False)
     xs = carver.take((T, c.n_embd), np.float32)                                   # [T, D]
     spans = [(a, min(a + chunk, T)) for a in range(0, T, chunk)]
     if eng.cache.poll():             # the last prompt's refill in flight: its slots hold no one resident yet
@@ -176,6 +216,7 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                 for j, (a, b) in enumerate(spans):
                     eng.pos, eng.n_chunks = pos0 + a, chunk0 + j        # a routing trace's chunk and position
                     eng.ops.begin(bufs, pos0 + a, b - a, pos_dev=pos_dev[a:b])
+                    adm.last = j + 1 == len(spans)
                     y = eng.model.forward_block(eng.ops, xs[a:b], layer, np.arange(pos0 + a, pos0 + b))
                     k.copy(xs[a:b], y, dev.compute)
                     if layer + 1 < c.n_layer and j + 1 < len(spans):

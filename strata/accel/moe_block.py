@@ -134,7 +134,9 @@ class MoeBlock:
         for ri in range(ri, len(res_groups)):
             if inflight:
                 adm.before_group(res_groups[ri])
-            self._runner.group(layer, res_groups[ri], res_tabs[ri], lay)
+            # a layer-major prompt's last chunk of a layer frees each group's slots for the next layer as it passes
+            freed = (lambda g=res_groups[ri]: adm.released(layer, g)) if adm is not None and adm.last else None
+            self._runner.group(layer, res_groups[ri], res_tabs[ri], lay, on_released=freed)
         if not self._decode:
             self.routes.note(layer, cnt, T)  # after the launches: the sync-to-first-group window is the GPU's idle
             if layer + 1 < c.n_layer:

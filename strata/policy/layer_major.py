@@ -28,9 +28,9 @@ def layer_major_chunk(tokens: int, chunk: int, slots: int, slot_bytes: int, max_
     chunk's worth of tokens (nothing to share between chunks), or no chunk size whose step buffers
     (`buffer_bytes(t)`) and the prompt's residual streams (`state_bytes`) fit the loan while the cache keeps a
     whole layer (`slots` - loan >= `n_expert`). `owned_bytes`: the prompt owns a region of that size instead of
-    borrowing (the cache keeps every slot). The plan's chunk where it fits (the chunks the engine takes chunk by
-    chunk), else the fewest chunks of equal size (each chunk dequantises its layer's routed experts again), down
-    to GRID tokens (or the plan's chunk, where that is smaller)."""
+    borrowing (the cache keeps every slot). The fewest chunks of equal size, none past the plan's `chunk` (the size
+    the step temporaries are priced at): each chunk dequantises its layer's routed experts again. Down to GRID
+    tokens a chunk (or the first equal size, where the plan's chunk is smaller than GRID)."""
     if tokens <= chunk:
         return None
 
@@ -41,11 +41,8 @@ def layer_major_chunk(tokens: int, chunk: int, slots: int, slot_bytes: int, max_
         loan = -(-need // slot_bytes)
         return loan if loan <= max_loan and slots - loan >= n_expert else None
 
-    loan = loan_for(chunk)
-    if loan is not None:
-        return chunk, loan
-    n = -(-tokens // chunk)
-    while (t := -(-tokens // n)) >= min(GRID, chunk):
+    n0 = n = -(-tokens // chunk)
+    while (t := -(-tokens // n)) >= min(GRID, chunk) or n == n0:
         loan = loan_for(t)
         if loan is not None:
             return t, loan
@@ -53,15 +50,19 @@ def layer_major_chunk(tokens: int, chunk: int, slots: int, slot_bytes: int, max_
     return None
 
 
-def victims(owner_layers: Sequence[int] | np.ndarray, layer: int, protect: Collection[int]) -> np.ndarray:
+def victims(owner_layers: Sequence[int] | np.ndarray, layer: int, protect: Collection[int],
+            ready: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """The cache slots that may take `layer`'s experts, best first: owner_layers[s] is the layer whose expert slot s
     holds (-1: none). Empty slots first; then those of layers already run (nothing reads them again in this prompt),
-    the earliest first, so the copies that wait for the layer just run go last; then those of layers still to
-    come, the farthest first (the next layer's, likely prefetched, last). Never a layer in `protect` (the layer
-    being run, and the one being prefetched)."""
+    in the order they come free (`ready[s]`: when slot s's last reader ends, in any increasing units; default: its
+    layer), so that the copies that must wait go last; then those of layers still to come, the farthest first (the
+    next layer's, likely prefetched, last). Never a layer in `protect` (the layer being run, and the one being
+    prefetched)."""
     own = np.asarray(owner_layers, np.int64)
-    n_layer = int(own.max(initial=-1)) + max(layer, 0) + 2
-    key = np.where(own < 0, -1, np.where(own < layer, own, 2 * n_layer - own))         # ascending = better
+    done = (own >= 0) & (own < layer)
+    rd = own if ready is None else np.asarray(ready, np.int64)
+    top = int(max(rd[done].max(initial=0), own.max(initial=0))) + 2
+    key = np.where(own < 0, -1, np.where(done, rd, 2 * top - own))                    # ascending = better
     bad = np.isin(own, np.fromiter(protect, np.int64, len(protect))) & (own >= 0)
     order = np.argsort(key, kind="stable")
     return order[~bad[order]]
