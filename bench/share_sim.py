@@ -76,7 +76,8 @@ EMULATED_COPY_US = 7.0
 # (stop 33, ab_refill_stop33.log); "stop34": that stop's runs (169bccd and after: a refused chunk counts the waste);
 # every one of them streamed no expert before its layer's routing sync, each walk from ring slot 0 (guessed walks,
 # stop 35: policy.guess); None: today's
-NO_GUESS = dict(guess=False)                # before stop 35: no guessed walks (sim.engine.Run.guess)
+NO_GUESS = dict(guess=False, layer_major=False)   # before stop 35: no guessed walks (sim.engine.Run.guess), and
+#                                                   before stop 37 no layer-major prompts (Run.layer_major)
 SLOT_REFILL = dict(slot_refill=True, **NO_GUESS)   # before ac18e97: a copy a lent slot (Run.refill_copies None);
 #                                                    and no guess, as every stored engine
 OLD_COPIES = dict(embed_behind_prefetch=True, refill_factor=1.85, **SLOT_REFILL)   # before a7c891c and d7467e0

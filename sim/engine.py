@@ -43,6 +43,7 @@ from .hardware import Machine
 from .models import SimModel
 from .streams import CpuPool, Link, Stream, Timeline
 from .vram import VramPlan, plan_vram
+from .layer_major import LayerMajorWalk
 from .walks import GROUP, EngineWalks, SimRing
 from .workload import ZipfRouting, residency
 
@@ -100,6 +101,8 @@ class Run:
     #                                   a slot, as every engine before ac18e97 (stop 33)
     refill_factor: float = 1.0  # the refill's host time over today's: before d7467e0 (stop 21) a copy through a
     #                             CuPy view and an event a slot (rows_ab_stop21.log: 1.4-2.2x, 1.85 typical)
+    layer_major: bool = True  # a prompt of several chunks that would walk routed-only without the share runs layer
+    #                           by layer (policy.layer_major, stop 37; sim/layer_major.py); False: every engine before
     guess: bool = True  # routed-only chunks without the share stream each layer's likely experts before its routing
     #                     sync (policy.guess, stop 35; where the host is timed by what it issues); False: every
     #                     engine before, each walk from ring slot 0
@@ -180,9 +183,10 @@ def prefill(run: Run, session: Session | None = None) -> Result:
     return res.result
 
 
-class _Runner(EngineWalks):
+class _Runner(EngineWalks, LayerMajorWalk):
     def __init__(self, env, run: Run, costs: Costs, session: Session, vp: VramPlan, routing, tl: Timeline):
         self.env, self.run, self.costs, self.session, self.routing = env, run, costs, session, routing
+        self.vp = vp
         # whose launch groups: the machine's (its catalogue calib), as its Costs, even where a test fixes the costs
         self.mmq = run.calib.over(run.machine.calib).gpu_experts == "mmq"
         self.group = run.plan[2] if run.plan is not None and len(run.plan) > 2 else GROUP
@@ -229,6 +233,10 @@ class _Runner(EngineWalks):
         if run.restore:   # the lent slots go back and refill after a prompt (SPEC §9); the next prompt's loan waits
             yield self.link.h2d("loan refill", run.model.max_blob, count=run.restore)
         start = 0
+        major = self.layer_major_plan(self.vp)
+        if major is not None:
+            yield from self.layer_major_prompt(*major, self.vp)
+            start = run.prompt
         while start < run.prompt:
             t = min(plan.chunk, run.prompt - start)
             walk = walk_for(run.cfg, run.share, t, ring)

@@ -225,3 +225,25 @@ def test_a_layers_last_chunk_frees_its_slots_group_by_group():
         assert picked[-2:] == [slot[int(mine[1])], slot[int(mine[0])]], (picked, order)
     finally:
         dev.close()
+
+
+def test_chunks_the_cpu_shares_stay_chunk_by_chunk():
+    """Routed-only chunks with the prefill CPU share on (SPEC §4) keep their walk and their share."""
+    from strata.accel.cpu.pool import ExpertPool
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+    dev = make_device("host")
+    pool = ExpertPool(workers=1)
+    try:
+        kw = dict(n_ctx=3 * CHUNK, expert_cache=c.n_expert, chunk=CHUNK, pool=pool)
+        shared = GpuEngine(m, dev, config=policy.Config(cpu_share=0.5, prompt_graph=False), **kw)
+        assert shared.share.on and shared._layer_major(3 * CHUNK) is None
+        shared.prefill(_prompts(c.n_vocab)[0])
+        assert {w for _, w, _ in shared.stats.chunks} == {"routed-only"}
+        alone = GpuEngine(m, dev, config=policy.Config(cpu_share=0.0, prompt_graph=False), **kw)
+        assert alone._layer_major(3 * CHUNK) is not None
+    finally:
+        pool.close()
+        dev.close()

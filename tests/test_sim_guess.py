@@ -183,7 +183,8 @@ def test_every_stored_engine_predates_the_guess():
     from share_sim import ENGINES
 
     assert all(flags.get("guess") is False for flags in ENGINES.values())
-    assert ENGINES["stop34"] == dict(guess=False, counted=True)
+    assert all(flags.get("layer_major") is False for flags in ENGINES.values())     # and layer-major prompts
+    assert ENGINES["stop34"] == dict(guess=False, layer_major=False, counted=True)
 
 
 @pytest.mark.parametrize("span", [16, 48])

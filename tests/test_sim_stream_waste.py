@@ -55,6 +55,7 @@ def routing(tokens: int, skewed: bool) -> Routing:
 def prompt(machine_name: str, chunks: int, skewed: bool, session=None, cfg=Config(cpu_share=0.0),
            costs=FixedCosts(), **kw):
     resident = tuple(tuple(e == 0 for e in range(8)) for _ in range(2))
+    kw.setdefault("layer_major", False)     # chunk by chunk: the walk choice under test (sim/layer_major.py apart)
     r = Run(machine(machine_name), SimModel("tiny", SHAPE), chunks * CHUNK, cfg, cache_slots=200_000,
             routing=routing(chunks * CHUNK, skewed), costs=costs, residency=resident, plan=(CHUNK, RING), **kw)
     session = session or Session(share_policy(r.share, r.gated))
@@ -90,7 +91,8 @@ def test_routing_turned_dense_takes_stream_all_at_the_next_chunk():
     skew, dense = routing(3 * CHUNK, True), routing(3 * CHUNK, False)
     resident = tuple(tuple(e == 0 for e in range(8)) for _ in range(2))
     r = Run(machine("h200-host16"), SimModel("tiny", SHAPE), 3 * CHUNK, Config(cpu_share=0.0),
-            cache_slots=200_000, routing=Switch(skew.ids), costs=FixedCosts(), residency=resident, plan=(CHUNK, RING))
+            cache_slots=200_000, routing=Switch(skew.ids), costs=FixedCosts(), residency=resident, plan=(CHUNK, RING),
+            layer_major=False)
     session = Session(share_policy(r.share, r.gated))
     assert walks(prefill(r, session)) == [S, R, S]
     assert session.waste.waste == 0.0

@@ -20,7 +20,7 @@ from strata.models.common import head
 from strata.policy.layer_major import layer_major_chunk, victims
 from strata.policy.stream import Walk, unrouted_waste, walk_for
 
-LAYER_MAJOR = "layer-major"      # the walk's name in Stats.chunks
+LAYER_MAJOR = Walk.LAYER_MAJOR.value      # the walk's name in Stats.chunks
 
 
 COPY_BATCH = 8      # copies an event covers: a group waits for the batch of its newest expert, not the whole admission
@@ -166,14 +166,18 @@ def choose(eng, n: int) -> tuple[int, int, bool] | None:
     None. Only in place of routed-only chunks: where the stream-all walk would take them (broad routing: its queue
     mostly routed), its copies already overlap the compute of every layer, and layer by layer a layer's copies wait
     for the layer before (flash-shape's 8K prompt 0.80x on the H200, bench/results/h200/ab_lm_f8_stop37a.log). Not
-    where every expert is resident: nothing streams either way."""
+    for routed-only chunks the CPU share takes part in (not measured against it), nor where every expert is
+    resident (nothing streams either way)."""
     c, p = eng.cfg, eng.plan
     if not eng.config.prompt_layer_major or (p.owned_prompt and eng.cache.n_resident() == c.n_layer * c.n_expert):
         return None
     _, ring, _, _ = p.for_prompt(eng.config, eng.share, n)
-    refused = walk_for(eng.config, eng.share, min(n, p.chunk), ring) is Walk.STREAM_ALL
+    walk = walk_for(eng.config, eng.share, min(n, p.chunk), ring)
+    refused = walk is Walk.STREAM_ALL
     if refused and eng.stream_waste.dense:
         return None
+    if not refused and eng.cpu_block is not None and eng.share.on:
+        return None                  # routed-only chunks the CPU shares (SPEC §4) stay chunk by chunk
     got = layer_major_chunk(n, p.chunk, eng.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
                             lambda t: layout_bytes(c, t, eng.dbufs.group, attn_scratch_bytes(c, t, eng.n_ctx), False,
                                                    False),

@@ -32,6 +32,8 @@ RING_MIN, RING_MAX = 16, 512  # clamp of the byte-budget ring (ring_cap() withou
 class Walk(Enum):
     ROUTED_ONLY = "routed-only"  # after the routing sync, stream the routed non-resident experts (8 ahead)
     STREAM_ALL = "stream-all"  # at chunk start, queue every non-resident expert of every layer
+    LAYER_MAJOR = "layer-major"  # ours: a prompt's chunks layer by layer, each layer's experts admitted once
+    #                              (policy.layer_major); walk_for never returns it
 
 
 # ours: the stream-all walk streams every non-resident expert, routed or not; where routing is skewed most of that
