@@ -19,7 +19,7 @@ from strata.accel.engine import GpuEngine
 from strata.accel.memplan import budget_holding
 from strata.reference.agree import kl
 
-from prefill import h2d_gbps      # warm-up copy, best of three bursts (bench/prefill.py)
+from prefill import h2d_gbps, warm      # warm-up copy, best of three bursts (bench/prefill.py)
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 share = sys.argv[4] if len(sys.argv) > 4 else "0"
@@ -40,11 +40,7 @@ en = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, arena=arena,
 assert not eo.guess and en.guess
 bw, _ = h2d_gbps(dev, arena.blob(0, 0).nbytes)
 rng = np.random.default_rng(0)
-for w in range(2):
-    for L in lengths:
-        p = rng.integers(0, c.n_vocab, L).tolist()
-        for e in (eo, en):
-            e.reset(); e.prefill(p)
+warm((eo, en), lengths, rng, c.n_vocab)
 print(f"{path}: quarter cache, chunk {en.plan.chunk}, ring {en.plan.ring}; H2D {bw:.1f} GB/s; old = copies after each routing sync, new = guessed walks; {rounds} rounds, order alternating; medians; ratio = old/new", flush=True)
 same, kls, top1 = True, [], []
 def cpu_taken(e): return e.cpu_block.stats["cpu_experts"] if e.cpu_block is not None else 0

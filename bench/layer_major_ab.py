@@ -18,7 +18,7 @@ from strata.accel.engine import GpuEngine
 from strata.accel.memplan import budget_holding
 from strata.reference.agree import kl
 
-from prefill import h2d_gbps      # warm-up copy, best of three bursts (bench/prefill.py)
+from prefill import h2d_gbps, warm      # warm-up copy, best of three bursts (bench/prefill.py)
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 dev = CudaDevice()
@@ -35,11 +35,7 @@ eo = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=dataclasses.repla
 en = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, arena=arena)
 bw, _ = h2d_gbps(dev, arena.blob(0, 0).nbytes)
 rng = np.random.default_rng(0)
-for w in range(2):
-    for L in lengths:
-        p = rng.integers(0, c.n_vocab, L).tolist()
-        for e in (eo, en):
-            e.reset(); e.prefill(p); dev.synchronize()
+warm((eo, en), lengths, rng, c.n_vocab)
 print(f"{path}: quarter cache {en.plan.cache_slots} slots, chunk {en.plan.chunk}, loan {en.plan.loan_slots}; H2D "
       f"{bw:.1f} GB/s; old = chunk by chunk, new = layer by layer; {rounds} rounds, order alternating; medians; "
       f"ratio = old/new", flush=True)

@@ -59,6 +59,17 @@ def h2d_gbps(dev, nbytes: int, reps: int = 64, bursts: int = 3) -> tuple[float, 
     return max(got), got
 
 
+def warm(engines, lengths, rng, n_vocab: int, rounds: int = 2) -> None:
+    """Each engine through one random prompt of each length, `rounds` times (kernels compiled, memory pools grown,
+    the route memory seeded): the in-process A/B scripts' warm-up."""
+    for _ in range(rounds):
+        for L in lengths:
+            p = rng.integers(0, n_vocab, L).tolist()
+            for e in engines:
+                e.reset()
+                e.prefill(p)
+
+
 def host_gbps(threads: int) -> float:
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from hw_probe import host_bandwidth
