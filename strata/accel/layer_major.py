@@ -39,7 +39,11 @@ class Admissions:
         # after each launch group's last read of its blobs for the rest (ExpertRunner.group's on_released), so
         # the next layer's copies start as the groups pass, not once the whole layer has ended
         self.free: dict[int, tuple[int, object]] = {}     # slot -> (number, event)
+        self.free_no = np.zeros(cache.usable, np.int64)   # [slots] the numbers of `free` (0: none), for _ready
         self.done: dict[int, tuple[int, object]] = {}     # layer -> (number, event) after its last chunk's compute
+        # [slots] the layer whose expert each slot holds (-1: none), kept beside cache.owner as admit changes it:
+        # the victims' choice reads it a few times a chunk, where a pass over cache.owner cost ~10 us a call
+        self.own = np.fromiter((-1 if o is None else o[0] for o in self.home), np.int64, cache.usable)
         self.events = 0
         self.last = False                                 # the chunk running is its layer's last
         self.landed: dict[int, tuple[int, object]] = {}   # slot -> (copy number, the event after its batch)
@@ -50,8 +54,7 @@ class Admissions:
         self.bytes_in = 0
 
     def _owners(self) -> np.ndarray:
-        return np.fromiter((-1 if o is None else o[0] for o in self.cache.owner[:self.cache.usable]), np.int64,
-                           self.cache.usable)
+        return self.own.copy()
 
     def admit(self, layer: int, experts, protect: tuple[int, ...]) -> int:
         """Copy experts (non-resident ones of `layer`) into the best victim slots (policy.layer_major.victims),
@@ -69,7 +72,9 @@ class Admissions:
                 dev.copy.wait(got[1])
                 waited = got[0]
             self.free.pop(s, None)
+            self.free_no[s] = 0
             cache.put(s, layer, int(e), self.arena)
+            self.own[s] = layer
             self.copies += 1
             batch.append(s)
             if len(batch) == COPY_BATCH or i == len(slots) - 1:
@@ -88,12 +93,12 @@ class Admissions:
         return got if got is not None else self.done.get(owner_layer)
 
     def _ready(self, owners: np.ndarray) -> np.ndarray:
-        """[slots] when each slot of a run layer comes free (its event's number; 0: now), victims' order."""
-        out = np.zeros(owners.shape[0], np.int64)
-        for s, l in enumerate(owners.tolist()):
-            got = self._freed(s, l) if l >= 0 else None
-            out[s] = got[0] if got is not None else 0
-        return out
+        """[slots] when each slot of a run layer comes free (its event's number; 0: now), victims' order: as
+        _freed, for every slot at once."""
+        done = np.zeros(max(int(owners.max(initial=-1)), max(self.done, default=-1)) + 2, np.int64)
+        for l, (no, _) in self.done.items():
+            done[l] = no
+        return np.where(self.free_no > 0, self.free_no, np.where(owners >= 0, done[owners], 0))
 
     def _record(self) -> tuple[int, object]:
         ev = self.dev.event(timing=False)
@@ -105,7 +110,9 @@ class Admissions:
         """A launch group of a layer's last chunk has read its blobs (enqueued): their slots free after it."""
         got = self._record()
         for e in members:
-            self.free[int(self.cache.slot_of[layer, e])] = got
+            s = int(self.cache.slot_of[layer, e])
+            self.free[s] = got
+            self.free_no[s] = got[0]
 
     def guess(self, layer: int, protect: tuple[int, ...]) -> None:
         """Queue the experts `layer` likely routes in a chunk (policy.guess at the chunk's tokens), as many as
@@ -116,7 +123,8 @@ class Admissions:
     def prefetch(self, layer: int, protect: tuple[int, ...], share: float = 1.0) -> int:
         """Admit a share of the queued guesses for `layer` (the ones still non-resident): spread over the chunks of
         the layer before, so that an admission of that layer's own waits behind few of them on the copy stream."""
-        q = [e for e in self.queue if not self.cache.resident(layer)[e]]
+        res = self.cache.resident(layer)
+        q = [e for e in self.queue if not res[e]]
         take = q[:max(1, round(share * len(q)))] if q else []
         self.queue = q[len(take):]
         return self.admit(layer, take, protect)
@@ -134,6 +142,7 @@ class Admissions:
             mark = self._record()
             for s in self.cache.slot_of[layer][self.cache.slot_of[layer] >= 0].tolist():
                 self.free[s] = mark
+                self.free_no[s] = mark[0]
         assert got == len(need), f"layer {layer}: {len(need)} experts to admit, room for {got} (kept slots < E)"
         self.pending = {}
         for e in np.flatnonzero(cnt > 0).tolist():
