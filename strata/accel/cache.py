@@ -131,7 +131,8 @@ class ExpertCache:
     def rehome(self, home: list, arena: Arena, after_event) -> int:
         """Give every usable slot whose owner is not home[s] its home expert back once `after_event` has completed
         (a layer-major prompt's end: the decode residency it started from); they become resident when the copies
-        land (`poll`), one event a batch of REFILL_EVENT_EVERY. Returns the slots refilled."""
+        land (`poll`): one copy and one event a run of neighbouring slots taking a layer's neighbouring experts, at
+        most REFILL_EVENT_EVERY. Returns the slots refilled."""
         moved = [s for s in range(min(len(home), self.usable)) if self.owner[s] != home[s]]
         if not moved:
             return 0

@@ -3,8 +3,9 @@ goes on to the next, each layer's routed experts copied into the expert cache on
 
 `Admissions` owns the cache's slots while such a prompt runs: the slots the prompt does not borrow hold the current
 layer's experts, and the next layer's likely ones where room is left; at the end every slot gets its decode
-resident back (ExpertCache.rehome). A copy into a slot waits for the layer that last read it (an event after that
-layer's last chunk); compute reads an admitted slot only after its copy's event. `run` is the engine's loop.
+resident back (ExpertCache.rehome). A copy into a slot waits for the compute that last read it (the launch group of
+its layer's last chunk, or that layer's end); compute reads an admitted slot only after its copy's event. `run` is
+the engine's loop.
 Legend: T prompt tokens, Tc a chunk's tokens, D hidden, E experts, L layers.
 """
 
@@ -38,8 +39,8 @@ class Admissions:
         # A layer's last chunk records them: an event at its routing sync for the slots it does not route, one
         # after each launch group's last read of its blobs for the rest (ExpertRunner.group's on_released), so
         # the next layer's copies start as the groups pass, not once the whole layer has ended
-        self.free: dict[int, tuple[int, object]] = {}     # slot -> (number, event)
-        self.free_no = np.zeros(cache.usable, np.int64)   # [slots] the numbers of `free` (0: none), for _ready
+        self.free_no = np.zeros(cache.usable, np.int64)   # [slots] that event's number (0: none recorded)
+        self.free_ev: list = [None] * cache.usable        # [slots] the event
         self.done: dict[int, tuple[int, object]] = {}     # layer -> (number, event) after its last chunk's compute
         # [slots] the layer whose expert each slot holds (-1: none), kept beside cache.owner as admit changes it:
         # the victims' choice reads it a few times a chunk, where a pass over cache.owner cost ~10 us a call
@@ -71,8 +72,7 @@ class Admissions:
             if got is not None and got[0] > waited:           # victims come in the order they free: waits in order
                 dev.copy.wait(got[1])
                 waited = got[0]
-            self.free.pop(s, None)
-            self.free_no[s] = 0
+            self.free_no[s], self.free_ev[s] = 0, None
             cache.put(s, layer, int(e), self.arena)
             self.own[s] = layer
             self.copies += 1
@@ -89,8 +89,9 @@ class Admissions:
     def _freed(self, slot: int, owner_layer: int):
         """(number, event) after the last read of `slot` in this prompt, None where nothing waits (an empty slot,
         or one of a layer not run yet)."""
-        got = self.free.get(slot)
-        return got if got is not None else self.done.get(owner_layer)
+        if self.free_no[slot]:
+            return int(self.free_no[slot]), self.free_ev[slot]
+        return self.done.get(owner_layer)
 
     def _ready(self, owners: np.ndarray) -> np.ndarray:
         """[slots] when each slot of a run layer comes free (its event's number; 0: now), victims' order: as
@@ -111,8 +112,7 @@ class Admissions:
         got = self._record()
         for e in members:
             s = int(self.cache.slot_of[layer, e])
-            self.free[s] = got
-            self.free_no[s] = got[0]
+            self.free_no[s], self.free_ev[s] = got
 
     def guess(self, layer: int, protect: tuple[int, ...]) -> None:
         """Queue the experts `layer` likely routes in a chunk (policy.guess at the chunk's tokens), as many as
@@ -141,8 +141,7 @@ class Admissions:
         if self.last:                  # the slots this chunk does not read are free after the chunks before it
             mark = self._record()
             for s in self.cache.slot_of[layer][self.cache.slot_of[layer] >= 0].tolist():
-                self.free[s] = mark
-                self.free_no[s] = mark[0]
+                self.free_no[s], self.free_ev[s] = mark
         assert got == len(need), f"layer {layer}: {len(need)} experts to admit, room for {got} (kept slots < E)"
         self.pending = {}
         for e in np.flatnonzero(cnt > 0).tolist():
