@@ -86,10 +86,7 @@ class ExpertCache:
         """Lend the last k slots to the prompt path: their experts turn non-resident now. Returns the region
         (a flat uint8 device array) the prompt buffers are carved from."""
         assert 0 <= k <= self.n_slots and self.lent == 0, f"lend {k} of {self.n_slots} (already lent {self.lent})"
-        for s in range(self.n_slots - k, self.n_slots):
-            if self.owner[s] is not None:
-                l, e = self.owner[s]
-                self.slot_of[l, e] = -1
+        self.slot_of[self.slot_of >= self.n_slots - k] = -1      # one pass, not a Python step a slot
         self.lent = k
         self.version += 1
         return self.buf[self.n_slots - k:].reshape(-1) if k else None

@@ -177,8 +177,9 @@ def choose(eng, n: int) -> tuple[int, int, bool] | None:
     for routed-only chunks the CPU share takes part in (not measured against it), nor where every expert is
     resident (nothing streams either way)."""
     c, p = eng.cfg, eng.plan
-    if not eng.config.prompt_layer_major or (p.owned_prompt and eng.cache.n_resident() == c.n_layer * c.n_expert):
-        return None
+    if n <= p.chunk or not eng.config.prompt_layer_major or (
+            p.owned_prompt and eng.cache.n_resident() == c.n_layer * c.n_expert):
+        return None                  # one chunk: nothing to share between chunks (policy.layer_major_chunk)
     _, ring, _, _ = p.for_prompt(eng.config, eng.share, n)
     walk = walk_for(eng.config, eng.share, min(n, p.chunk), ring)
     refused = walk is Walk.STREAM_ALL
