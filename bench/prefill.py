@@ -99,7 +99,7 @@ def main():
     from strata.accel.arena import Arena
     from strata.accel.device.base import get_device
     from strata.accel.engine import GpuEngine
-    from strata.accel.memplan import budget_holding
+    from strata.accel.memplan import budget_holding, scratch_group
     from strata.accel.moe import FEW_ROWS
 
     fews = [int(x) for x in a.few_rows.split(",")] if a.few_rows else [FEW_ROWS]
@@ -243,6 +243,7 @@ def main():
         f = statistics.median(res[cell]["floor_ms"])
         rr = statistics.median(res[cell]["resident_ms"])
         _, _, loan, grp = eq.plan.for_prompt(eq.config, eq.share, L)   # what this prompt borrows, its scratch
+        grp = scratch_group(grp)                                        # (DECODE_SCRATCH: decode's)
         major = eq._layer_major(L)
         if major is not None:                                            # layer by layer (policy.layer_major)
             loan, grp = major[1], eq.dbufs.group                        # decode's weight scratch

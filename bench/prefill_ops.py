@@ -71,7 +71,7 @@ def main():
     from strata.accel.arena import Arena
     from strata.accel.device.base import get_device
     from strata.accel.engine import GpuEngine
-    from strata.accel.memplan import budget_holding
+    from strata.accel.memplan import budget_holding, scratch_group
 
     lengths = [int(x) for x in a.prompts.split(",")]
     m = models.load(a.model)
@@ -107,7 +107,7 @@ def main():
             dev.synchronize()
             ms, calls = timer.totals()
             print(f"{a.model.rsplit('/', 1)[-1]} {L} tokens {label} (chunk {eng.plan.chunk}, groups of "
-                  f"{eng.plan.for_prompt(eng.config, eng.share, L)[3]}): wall {wall:.1f} ms untimed; GPU ms by op "
+                  f"{scratch_group(eng.plan.for_prompt(eng.config, eng.share, L)[3])}): wall {wall:.1f} ms untimed; GPU ms by op "
                   f"(calls): " + ", ".join(f"{n} {ms[n]:.2f} ({calls[n]})" for n, _ in ms.most_common()), flush=True)
         del eng
     dev.close()

@@ -11,8 +11,9 @@ import pytest
 
 from strata import quants
 from strata.policy import Config, Share, ShareMode
+from strata.policy.stream import ROUTED_ONLY_SLOTS, Walk, walk_for
 from strata.accel.buffers import Carver, carve_prompt
-from strata.accel.memplan import VramShortfall, plan_memory
+from strata.accel.memplan import DECODE_SCRATCH, GROUP, VramShortfall, plan_memory
 from strata.models import arch_module
 from strata.synth.build import Synth
 from strata.synth.presets import PRESETS
@@ -92,13 +93,23 @@ def test_every_loan_holds_the_engines_carving(preset, n_ctx):
         assert carver.used <= region.nbytes
         # each prompt borrows only its own layout and its walk's ring (policy.prompt_loan): that must fit too
         # (a prompt that lays out less, or walks a smaller ring, may take a larger weight scratch than the plan's,
-        # within the planned loan)
+        # within the planned loan; a routed-only one borrows decode's scratch and a ring of up to
+        # ROUTED_ONLY_SLOTS in its room, within what it would have borrowed with its own)
+        cfg, off = Config(), Share(ShareMode.OFF)
         for tokens in sorted({1, 250, 1000, p.chunk - 1, p.chunk, p.chunk + 1, n_ctx} - {0}):
-            layout, ring, loan, group = p.for_prompt(Config(), Share(ShareMode.OFF), tokens)
-            assert layout <= p.chunk and ring <= p.ring and loan <= p.loan_slots and group >= p.group
+            layout, ring, loan, group = p.for_prompt(cfg, off, tokens)
+            assert layout <= p.chunk and loan <= p.loan_slots
+            routed = walk_for(cfg, off, min(p.chunk, tokens), min(p.ring, ROUTED_ONLY_SLOTS)) is Walk.ROUTED_ONLY
+            if p.owned_prompt or not routed:
+                assert ring <= p.ring and group >= p.group
+            else:
+                assert group == DECODE_SCRATCH and min(p.ring, ROUTED_ONLY_SLOTS) <= ring <= ROUTED_ONLY_SLOTS
             if not p.owned_prompt:
                 carver = Carver(_Dev(), _Region(loan * p.slot_bytes))
-                carve_prompt(m.cfg, layout, n_ctx, group, ring, p.slot_bytes, carver)
+                if group == DECODE_SCRATCH:
+                    carve_prompt(m.cfg, layout, n_ctx, GROUP, ring, p.slot_bytes, carver, (None, None))
+                else:
+                    carve_prompt(m.cfg, layout, n_ctx, group, ring, p.slot_bytes, carver)
     assert seen[True] and seen[False], f"the sweep must reach both kinds of plan, got {seen}"
 
 
@@ -195,10 +206,17 @@ def test_a_tight_loan_trades_the_weight_scratch_for_a_larger_chunk():
     assert p.cache_slots == only16.cache_slots and p.loan_slots <= only16.loan_slots
     carver = Carver(_Dev(), _Region(p.loan_slots * p.slot_bytes))
     carve_prompt(m.cfg, p.chunk, 8208, p.group, p.ring, p.slot_bytes, carver)
-    # a 250-token prompt lays out 256 tokens: the 16-expert scratch fits the planned loan again
-    layout, ring, loan, group = p.for_prompt(Config(), Share(ShareMode.OFF), 250)
+    # a 250-token prompt lays out 256 tokens: the 16-expert scratch fits the planned loan again (a prompt carving
+    # its own scratch: rows=None)
+    own = replace(p, rows=None)
+    layout, ring, loan, group = own.for_prompt(Config(), Share(ShareMode.OFF), 250)
     assert (layout, group) == (256, 16) and loan <= p.loan_slots
-    assert p.for_prompt(Config(), Share(ShareMode.OFF), 1000)[3] == p.group
+    assert own.for_prompt(Config(), Share(ShareMode.OFF), 1000)[3] == p.group
+    # walking routed-only, both borrow decode's scratch instead and give its room to the ring, within that loan
+    for tokens in (250, 1000):
+        o = own.for_prompt(Config(), Share(ShareMode.OFF), tokens)
+        layout, ring, loan, group = p.for_prompt(Config(), Share(ShareMode.OFF), tokens)
+        assert group == DECODE_SCRATCH and layout == o[0] and o[1] < ring <= ROUTED_ONLY_SLOTS and loan <= o[2]
     # each size on its own plans the chunk the choice compares; no smaller scratch would plan a larger one
     for g in PROMPT_GROUPS:
         one = plan_memory(m, 1 << 42, n_ctx=8208, vram_budget=budget + 400 * MIB, groups=(g,), expert_cache=quarter)

@@ -112,10 +112,11 @@ def layout_bytes(cfg, cap: int, group: int, attn_scratch_bytes: int, weights: bo
     return -(-c.used // ALIGN) * ALIGN
 
 
-def carve_prompt(cfg, chunk: int, n_ctx: int, group: int, ring: int, slot_bytes: int, carver: Carver):
+def carve_prompt(cfg, chunk: int, n_ctx: int, group: int, ring: int, slot_bytes: int, carver: Carver, weights=None):
     """A prompt chunk's buffers and then its ring [ring, slot_bytes], as the engine lays them in a loan;
-    takes layout_bytes(cfg, chunk, group, ...) + ring·slot_bytes."""
-    bufs = carve(cfg, chunk, group, attn_scratch_bytes(cfg, chunk, n_ctx), carver)
+    takes layout_bytes(cfg, chunk, group, ...) + ring·slot_bytes (without the weight scratch where `weights`, a
+    scratch of `group` experts borrowed from decode, is given)."""
+    bufs = carve(cfg, chunk, group, attn_scratch_bytes(cfg, chunk, n_ctx), carver, weights)
     return bufs, carver.take((ring, slot_bytes), np.uint8)
 
 

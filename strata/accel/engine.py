@@ -19,7 +19,7 @@ from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
-from strata.accel.memplan import GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
+from strata.accel.memplan import DECODE_SCRATCH, GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
 from strata.accel.stream import Ring, Walk
@@ -341,7 +341,12 @@ class GpuEngine(MoeBlock):
         logits (_step), or None without `head_out`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
-        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
+        if group == DECODE_SCRATCH:       # decode's weight scratch, idle while a prompt runs (memplan.for_prompt)
+            d = self.dbufs
+            bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, d.group, ring_slots, p.slot_bytes, carver,
+                                          (d.w_gu, d.w_d))
+        else:
+            bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
         ring = Ring(self.dev, ring_buf, after)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         # the CPU share stays with the chunks SPEC §4 gives it: those SPEC §3 sends down the routed-only walk

@@ -5,6 +5,7 @@ Fails early, saying the shortfall, rather than at the first prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -13,12 +14,18 @@ from strata.accel.buffers import attn_scratch_bytes, decode_scores_bytes, layout
 from strata.accel.cache import slot_bytes_for
 from strata.accel.dense import dense_bytes
 from strata.accel.prompt_graph import graph_temp_bytes
-from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, PlanError, PlannerKind, prompt_loan
-from strata.policy.stream import ROUTED_ONLY_RING, ring_budget_slots, ring_slots
+from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, Planner, PlanError, PlannerKind, prompt_loan
+from strata.policy.stream import ROUTED_ONLY_RING, ROUTED_ONLY_SLOTS, Walk, ring_budget_slots, ring_slots, walk_for
 
 MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
 GROUP = 16                     # experts per launch group: decode's weight scratch, and a prompt's when room allows
+DECODE_SCRATCH = 0             # for_prompt's group when the prompt borrows decode's weight scratch (GROUP experts)
+
+
+def scratch_group(group: int) -> int:
+    """The experts of a prompt's weight scratch: for_prompt's group, DECODE_SCRATCH read as decode's GROUP."""
+    return GROUP if group == DECODE_SCRATCH else group
 PROMPT_GROUPS = (16, 8)        # a prompt's weight scratch, largest first: the plan takes the largest chunk, then
                                # the largest group. Not 4: qwen3-30b-a3b's quarter cache then plans 1024-token
                                # chunks that walk stream-all through a 24-slot ring in groups of 4, 1.2-1.3x slower
@@ -46,25 +53,38 @@ class MemoryPlan:
     group: int = GROUP       # experts a prompt launch group dequantises at most (its weight scratch)
     larger: tuple = ()       # (group, LoanRequest) of the larger scratches, largest first: a short prompt's layout
                              # may fit one of them in the planned loan
+    rows: LoanRequest | None = None      # the request's layout without a weight scratch (decode's borrowed)
 
     def for_prompt(self, config, share, tokens: int) -> tuple[int, int, int, int]:
         """(layout chunk, ring slots, loan slots, group) of a prompt of `tokens`: its first chunk's walk sets the
-        ring (the routed-only walk's slots, policy.ROUTED_ONLY_SLOTS, the planned ring for stream-all), and it borrows only what it lays
-        out (policy.prompt_loan); the plan's chunk and ring when the prompt owns its buffers. A prompt shorter
-        than the chunk takes the largest weight scratch whose layout still fits the planned loan (fewer, fuller
-        launches: qwen3-30b-a3b's quarter cache at 250 tokens, 42.4 ms in groups of 16 against 48.2 in groups of 4,
-        prefill_q8_groups_stop16.log)."""
+        ring (the planned ring), and it borrows only what it lays out (policy.prompt_loan); the plan's chunk and
+        ring when the prompt owns its buffers. A prompt shorter than the chunk takes the largest weight scratch
+        whose layout still fits the planned loan (fewer, fuller launches: qwen3-30b-a3b's quarter cache at 250
+        tokens, 42.4 ms in groups of 16 against 48.2 in groups of 4, prefill_q8_groups_stop16.log). A prompt whose
+        first chunk walks routed-only takes decode's weight scratch instead (group DECODE_SCRATCH: GROUP experts)
+        and a ring of up to policy.ROUTED_ONLY_SLOTS in the room that leaves, borrowing at most what it would
+        have borrowed with a scratch of its own."""
         first = min(self.chunk, tokens)
         ring = min(self.ring, ring_slots(config, share, first, self.slot_bytes, planned=self.ring))
         if self.owned_prompt:
             return self.chunk, ring, 0, self.group
         plan = ChunkPlan(self.chunk, self.loan_slots, self.ring)
-        for g, req in self.larger:
-            t, loan = prompt_loan(req, plan, tokens, ring)
-            if loan <= self.loan_slots:
-                return t, ring, loan, g
-        t, loan = prompt_loan(self.request, plan, tokens, ring)
-        return t, ring, loan, self.group
+        t, loan, g = *prompt_loan(self.request, plan, tokens, ring), self.group
+        for h, req in self.larger:
+            th, lh = prompt_loan(req, plan, tokens, ring)
+            if lh <= self.loan_slots:
+                t, loan, g = th, lh, h
+                break
+        if self.rows is not None and walk_for(config, share, first, ring) is Walk.ROUTED_ONLY:
+            # a routed-only prompt borrows decode's weight scratch (idle while a prompt runs, as a layer-major
+            # prompt does) and gives the room to the ring, within the loan it would take with a scratch of its own:
+            # the next layer's guesses and the copies ahead of the groups wait less for slots. On the H200 a ring of
+            # 46-47 slots in place of 18, at the same loan, ran qwen3's quarter cache 1.06-1.08x faster at 250-600
+            # tokens (bench/results/h200/ab_ring_q8_stop38.log)
+            lay = Planner.loan_for(self.rows, t, 0)
+            wide = max(ring, min(ROUTED_ONLY_SLOTS, loan - lay))
+            return t, wide, lay + wide, DECODE_SCRATCH
+        return t, ring, loan, g
 
     def lines(self) -> list[str]:
         return [f"plan: budget {self.budget / MIB:,.0f} MiB = dense {self.dense / MIB:,.0f} + KV {self.kv / MIB:,.0f}"
@@ -157,7 +177,8 @@ def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None =
         g, req, cp, reqs = _loan_plan(b, slots, cap, lend_pct, groups, kind)
     return MemoryPlan(budget + reserve_mib * MIB, b.dense, b.kv, decode + temps, slot, slots, min(cp.chunk, cap),
                       cp.loan_slots, cp.ring, cp.loan_slots * slot, False, req, group=g,
-                      larger=tuple((h, r) for h, r in reqs if h > g))
+                      larger=tuple((h, r) for h, r in reqs if h > g),
+                      rows=dataclasses.replace(req, buffer_bytes=b.rows_bytes))
 
 
 @dataclass(frozen=True)
@@ -175,6 +196,10 @@ class _Parts:
 
     def prompt_bytes(self, t: int, group: int) -> int:
         return layout_bytes(self.cfg, t, group, attn_scratch_bytes(self.cfg, t, self.n_ctx))
+
+    def rows_bytes(self, t: int) -> int:
+        """prompt_bytes without a weight scratch: a prompt that borrows decode's."""
+        return layout_bytes(self.cfg, t, GROUP, attn_scratch_bytes(self.cfg, t, self.n_ctx), weights=False)
 
 
 def _parts(model, n_ctx: int, chunk: int | None) -> _Parts:
