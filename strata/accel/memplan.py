@@ -78,9 +78,9 @@ class MemoryPlan:
         if self.rows is not None and walk_for(config, share, first, ring) is Walk.ROUTED_ONLY:
             # a routed-only prompt borrows decode's weight scratch (idle while a prompt runs, as a layer-major
             # prompt does) and gives the room to the ring, within the loan it would take with a scratch of its own:
-            # the next layer's guesses and the copies ahead of the groups wait less for slots. On the H200 a ring of
-            # 46-47 slots in place of 18, at the same loan, ran qwen3's quarter cache 1.06-1.08x faster at 250-600
-            # tokens (bench/results/h200/ab_ring_q8_stop38.log)
+            # the next layer's guesses and the copies ahead of the groups wait less for slots. On the H200: qwen3's
+            # quarter cache 1.07-1.09x faster at 250-900 tokens, rings of 47-64 slots in place of 18 on a loan no
+            # larger (bench/decode_scratch_ab.py, bench/results/h200/ab_dscratch_q8_stop38.log)
             lay = Planner.loan_for(self.rows, t, 0)
             wide = max(ring, min(ROUTED_ONLY_SLOTS, loan - lay))
             return t, wide, lay + wide, DECODE_SCRATCH
