@@ -1,0 +1,48 @@
+"""A routed-only prompt on decode's weight scratch (memplan.for_prompt, group DECODE_SCRATCH): the room its own
+scratch took goes to the ring, within the loan it would have taken. Oracle: the same prompts on an engine whose
+plan carves the prompt's own scratch (rows=None, the code before): the logits keep their bits, the loan is no
+larger, the ring no smaller."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from strata import models, policy
+from strata.reference import golden
+from tests.test_accel_engine import _devices, make_device
+
+
+@pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("name", golden.golden_models())
+def test_decode_scratch_keeps_the_bits(kind, name):
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import DECODE_SCRATCH, budget_holding
+
+    m = models.load(golden.model_path(name))
+    c = m.cfg
+    n_ctx = 300
+    prompts = [[(5 * i + 2 + 13 * j) % c.n_vocab for i in range(n)] for j, n in enumerate((7, 40, 250))]
+    outs, shapes = {}, {}
+    for own in (False, True):
+        dev = make_device(kind)
+        try:
+            e = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, 400),
+                          config=policy.Config(cpu_share=0.0))
+            assert not e.plan.owned_prompt and e.plan.rows is not None
+            if own:
+                e.plan = dataclasses.replace(e.plan, rows=None)
+            outs[own], shapes[own] = [], []
+            for p in prompts:
+                e.reset()
+                outs[own].append(e.prefill(p))
+                shapes[own].append(e.plan.for_prompt(e.config, e.share, len(p)))
+                assert e.stats.loan_slots == shapes[own][-1][2] and e.cache.lent == 0
+            assert all(w == "routed-only" for _, w, _ in e.stats.chunks)
+        finally:
+            dev.close()
+    for i, (a, b) in enumerate(zip(outs[False], outs[True])):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
+    for (t, ring, loan, group), (t0, ring0, loan0, group0) in zip(shapes[False], shapes[True]):
+        assert group == DECODE_SCRATCH and group0 != DECODE_SCRATCH and t == t0
+        assert ring >= ring0 and loan <= loan0
