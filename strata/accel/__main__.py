@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 
 from strata.gguf_file import GGUFError
 from strata.sampling import add_cli_args
