@@ -21,11 +21,6 @@ MIB = 2**20
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
 GROUP = 16                     # experts per launch group: decode's weight scratch, and a prompt's when room allows
 DECODE_SCRATCH = 0             # for_prompt's group when the prompt borrows decode's weight scratch (GROUP experts)
-
-
-def scratch_group(group: int) -> int:
-    """The experts of a prompt's weight scratch: for_prompt's group, DECODE_SCRATCH read as decode's GROUP."""
-    return GROUP if group == DECODE_SCRATCH else group
 PROMPT_GROUPS = (16, 8)        # a prompt's weight scratch, largest first: the plan takes the largest chunk, then
                                # the largest group. Not 4: qwen3-30b-a3b's quarter cache then plans 1024-token
                                # chunks that walk stream-all through a 24-slot ring in groups of 4, 1.2-1.3x slower
@@ -34,6 +29,11 @@ PROMPT_GROUPS = (16, 8)        # a prompt's weight scratch, largest first: the p
 
 class VramShortfall(RuntimeError):
     pass
+
+
+def scratch_group(group: int) -> int:
+    """The experts of a prompt's weight scratch: for_prompt's group, DECODE_SCRATCH read as decode's GROUP."""
+    return GROUP if group == DECODE_SCRATCH else group
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +69,12 @@ class MemoryPlan:
         if self.owned_prompt:
             return self.chunk, ring, 0, self.group
         plan = ChunkPlan(self.chunk, self.loan_slots, self.ring)
-        t, loan, g = *prompt_loan(self.request, plan, tokens, ring), self.group
-        for h, req in self.larger:
-            th, lh = prompt_loan(req, plan, tokens, ring)
-            if lh <= self.loan_slots:
-                t, loan, g = th, lh, h
+        for g, req in self.larger:
+            t, loan = prompt_loan(req, plan, tokens, ring)
+            if loan <= self.loan_slots:
                 break
+        else:
+            g, (t, loan) = self.group, prompt_loan(self.request, plan, tokens, ring)
         if self.rows is not None and walk_for(config, share, first, ring) is Walk.ROUTED_ONLY:
             # a routed-only prompt borrows decode's weight scratch (idle while a prompt runs, as a layer-major
             # prompt does) and gives the room to the ring, within the loan it would take with a scratch of its own:
