@@ -5,6 +5,7 @@ whose top two reference logits lie within 1e-3 are excluded and counted). Reside
 logits are bit-identical with 0%, 50% and 100% of the experts cached, on either walk.
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -36,6 +37,25 @@ def make_device(kind):
     from strata.accel.device.cuda import CudaDevice
 
     return CudaDevice()
+
+
+@contextlib.contextmanager
+def device_of(kind):
+    """make_device(kind), closed on the way out."""
+    dev = make_device(kind)
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def prefill_each(e, prompts, **kw) -> list:
+    """Each prompt through `e` from an empty context: its logits (GpuEngine.prefill's)."""
+    outs = []
+    for p in prompts:
+        e.reset()
+        outs.append(e.prefill(p, **kw))
+    return outs
 
 
 def _run(model, dev, ids, decode_ids, **kw):

@@ -8,7 +8,7 @@ import pytest
 
 from strata import models, policy
 from strata.reference import golden
-from tests.test_accel_engine import _devices, make_device
+from tests.test_accel_engine import _devices, device_of, make_device, prefill_each
 
 CHUNK = 16
 
@@ -21,18 +21,12 @@ def _run(m, kind, guess: bool, seed=None):
     from strata.accel.engine import GpuEngine
 
     c = m.cfg
-    dev = make_device(kind)
-    try:
+    with device_of(kind) as dev:
         e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK,
                       config=policy.Config(prompt_guess=guess, cpu_share=0.0, prompt_layer_major=False))
         if seed is not None:
             seed(e)
-        outs = []
-        for p in _prompts(c.n_vocab):
-            e.reset()
-            outs.append(e.prefill(p))
-    finally:
-        dev.close()
+        outs = prefill_each(e, _prompts(c.n_vocab))
     return outs, e
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from strata import models, policy
 from strata.reference import golden
-from tests.test_accel_engine import _devices, make_device
+from tests.test_accel_engine import _devices, device_of, make_device, prefill_each
 
 CHUNK = 16
 
@@ -29,20 +29,14 @@ def _engine(m, dev, major: bool):
 
 
 def _run(m, kind, major: bool, all_logits=False):
-    dev = make_device(kind)
-    try:
+    with device_of(kind) as dev:
         e = _engine(m, dev, major)
         home = e.cache.slot_of.copy()
-        outs = []
-        for p in _prompts(m.cfg.n_vocab):
-            e.reset()
-            outs.append(e.prefill(p, all_logits=all_logits))
+        outs = prefill_each(e, _prompts(m.cfg.n_vocab), all_logits=all_logits)
         dev.synchronize()
         e.cache.poll()
         assert np.array_equal(e.cache.slot_of >= 0, home >= 0), "the decode residents are not back"
         assert not e.cache._pending
-    finally:
-        dev.close()
     return outs, e
 
 

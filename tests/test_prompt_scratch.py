@@ -10,7 +10,7 @@ import pytest
 
 from strata import models, policy
 from strata.reference import golden
-from tests.test_accel_engine import _devices, make_device
+from tests.test_accel_engine import _devices, device_of
 
 
 @pytest.mark.parametrize("kind", _devices())
@@ -27,8 +27,7 @@ def test_decode_scratch_keeps_the_bits(kind, name):
     prompts = [[(5 * i + 2 + 13 * j) % c.n_vocab for i in range(n)] for j, n in enumerate((7, 40, 250))]
     outs, shapes = {}, {}
     for own in (False, True):
-        dev = make_device(kind)
-        try:
+        with device_of(kind) as dev:
             e = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, 400),
                           config=policy.Config(cpu_share=0.0))
             assert not e.plan.owned_prompt and e.plan.rows is not None
@@ -36,14 +35,12 @@ def test_decode_scratch_keeps_the_bits(kind, name):
             if own:
                 e.plan = dataclasses.replace(e.plan, rows=None)
             outs[own], shapes[own] = [], []
-            for p in prompts:
+            for p in prompts:                    # prefill_each's loop, each prompt's loan checked as it ends
                 e.reset()
                 outs[own].append(e.prefill(p))
                 shapes[own].append(e.plan.for_prompt(e.config, e.share, len(p)))
                 assert e.stats.loan_slots == shapes[own][-1][2] and e.cache.lent == 0
             assert all(w == "routed-only" for _, w, _ in e.stats.chunks)
-        finally:
-            dev.close()
     for i, (a, b) in enumerate(zip(outs[False], outs[True])):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
     for (t, ring, loan, group), (t0, ring0, loan0, group0) in zip(shapes[False], shapes[True]):

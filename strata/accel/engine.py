@@ -341,12 +341,10 @@ class GpuEngine(MoeBlock):
         logits (_step), or None without `head_out`."""
         c, p = self.cfg, self.plan
         carver = Carver(self.dev, region)                         # the lent tail slots (or owned buffers)
+        weights = None
         if group == DECODE_SCRATCH:       # decode's weight scratch, idle while a prompt runs (memplan.for_prompt)
-            d = self.dbufs
-            bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, d.group, ring_slots, p.slot_bytes, carver,
-                                          (d.w_gu, d.w_d))
-        else:
-            bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver)
+            group, weights = self.dbufs.group, (self.dbufs.w_gu, self.dbufs.w_d)
+        bufs, ring_buf = carve_prompt(c, layout, self.n_ctx, group, ring_slots, p.slot_bytes, carver, weights)
         ring = Ring(self.dev, ring_buf, after)
         walk = walk_for(self.config, self.share, len(tokens), ring_slots)
         # the CPU share stays with the chunks SPEC §4 gives it: those SPEC §3 sends down the routed-only walk
