@@ -28,24 +28,31 @@ import sys
 import numpy as np
 
 
-def engine_residency(cfg, cache_slots: int, loan_slots: int) -> tuple:
-    """Which (layer, expert) pairs the GPU engine holds during a prompt: the uniform fill's first
-    cache_slots - loan_slots pairs (the tail slots are lent to the prompt buffers, SPEC §9; a prompt borrows
-    policy.prompt_loan's slots, not the plan's largest loan)."""
-    from strata.accel.cache import uniform_order
+def engine_slots(cfg, cache_slots: int, by_layer: bool = True) -> list:
+    """The GPU engine's uniform fill, slot by slot: its first cache_slots pairs, by layer (strata.accel.cache.by_layer,
+    stop 39) or in the fill's order (every stored engine before)."""
+    from strata.accel import cache
 
+    kept = cache.uniform_order(cfg.n_layer, cfg.n_expert)[:cache_slots]
+    return cache.by_layer(kept) if by_layer else kept
+
+
+def engine_residency(cfg, cache_slots: int, loan_slots: int, by_layer: bool = True) -> tuple:
+    """Which (layer, expert) pairs the GPU engine holds during a prompt: those of its first cache_slots - loan_slots
+    slots (the tail slots are lent to the prompt buffers, SPEC §9; a prompt borrows policy.prompt_loan's slots, not
+    the plan's largest loan)."""
     res = np.zeros((cfg.n_layer, cfg.n_expert), bool)
-    for l, e in uniform_order(cfg.n_layer, cfg.n_expert)[:max(0, cache_slots - loan_slots)]:
+    for l, e in engine_slots(cfg, cache_slots, by_layer)[:max(0, cache_slots - loan_slots)]:
         res[l, e] = True
     return tuple(tuple(r) for r in res.tolist())
 
 
-def engine_refill_copies(cfg, cache_slots: int, loan_slots: int) -> int:
-    """The copy calls of the GPU engine's refill of a prompt's loan (its uniform fill's lent tail, sorted: one a run,
-    strata.accel.cache.refill_runs): the simulator's Run.refill_copies for today's engine."""
-    from strata.accel.cache import refill_runs, uniform_order
+def engine_refill_copies(cfg, cache_slots: int, loan_slots: int, by_layer: bool = True) -> int:
+    """The copy calls of the GPU engine's refill of a prompt's loan (the lent tail's pairs, sorted: one a run,
+    strata.accel.cache.refill_runs): the simulator's Run.refill_copies."""
+    from strata.accel.cache import refill_runs
 
-    lent = uniform_order(cfg.n_layer, cfg.n_expert)[max(0, cache_slots - loan_slots):cache_slots]
+    lent = engine_slots(cfg, cache_slots, by_layer)[max(0, cache_slots - loan_slots):cache_slots]
     return len(refill_runs(sorted(lent)))
 
 
@@ -149,12 +156,15 @@ def predict(m, plan, lengths, names, workers: int, n_ctx: int, machine_name: str
     with routed_walk(group, slots):
         if layout:
             flags["layout"] = tuple((int(t), float(us)) for t, us in layout.items())
+        # every stored engine lent the fill's own tail of slots; today's lends the last layers' residents
         return _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill, counted=counted)
+                        host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill, counted=counted,
+                        by_layer=engine is None)
 
 
 def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, link_gbps, calib, link_copy_us,
-             host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill=False, counted=True) -> dict:
+             host_issue_us, cpu, flags, probe, h2d_gbps, slot_refill=False, counted=True,
+             by_layer=True) -> dict:
     from sim.costs import PoolProbe
     from sim.engine import Run, Session, prefill
     from sim.hardware import machine
@@ -196,9 +206,9 @@ def _predict(m, plan, lengths, names, workers, n_ctx, machine_name, routing, lin
     def run_of(n, L):   # with what the engine lends that prompt (policy.prompt_loan through its plan), its group
         loan, group = plan.for_prompt(cfgs[n], cfgs[n].share(True), L)[2:]
         group = memplan.scratch_group(group)            # a routed-only prompt's is decode's
-        copies = None if slot_refill else engine_refill_copies(m.cfg, plan.cache_slots, loan)
+        copies = None if slot_refill else engine_refill_copies(m.cfg, plan.cache_slots, loan, by_layer)
         return Run(mach, sm, L, qualifies=True, ctx=n_ctx, cache_slots=plan.cache_slots, cfg=cfgs[n],
-                   routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan), loan=loan,
+                   routing=routing, residency=engine_residency(m.cfg, plan.cache_slots, loan, by_layer), loan=loan,
                    refill_copies=copies, plan=(plan.chunk, plan.ring, group), **flags)   # chunks, ring, scratch
 
     # the bench's warm-up (every setting at every length) runs before the rounds: the walk choice has measured a

@@ -6,7 +6,7 @@ raw-pointer copies (one cudaMemcpyAsync for whole rows, one cudaMemcpy2DAsync fo
 import numpy as np
 import pytest
 
-from strata.accel.cache import REFILL_EVENT_EVERY, ExpertCache
+from strata.accel.cache import REFILL_EVENT_EVERY, ExpertCache, by_layer
 
 
 def _device(kind):
@@ -80,6 +80,7 @@ def test_a_lent_region_refills_in_event_batches(kind):
     lent = 70                              # 70 slots: batches of 32, 32 and 6
     region = cache.lend(lent)
     assert cache.n_resident() == slots - lent
+    assert [int(cache.resident(l).sum()) for l in range(L)] == [30, 0, 0]    # the last layers' residents went first
     dev.h2d_rows(cache.buf, slots - lent, dev.pinned(lent * 512).reshape(lent, 512), dev.copy)  # the prompt's use
     done = dev.event()
     done.record(dev.copy)
@@ -89,14 +90,18 @@ def test_a_lent_region_refills_in_event_batches(kind):
     cache.restore(arena, done)
     dev.h2d_rows = rows
     assert len({id(ev) for ev, *_ in cache._pending}) == -(-lent // REFILL_EVENT_EVERY)
-    # the lent slots hold their experts again, sorted by (layer, expert): layer 0's 24 in one copy, layers 1 and 2
-    # (23 each) in two each, cut where an event's batch of 32 slots ends
-    back = sorted(order[slots - lent:slots])
+    # the slots hold the residents by layer (layer 0's 34, then 33 each of layers 1 and 2): the loan took layer 0's
+    # last 4 and every resident of layers 1 and 2. They hold their experts again, sorted by (layer, expert): layer
+    # 0's 4 in one copy, layers 1 and 2 in two each, cut where an event's batch of 32 slots ends
+    placed = by_layer(order[:slots])
+    assert [l for l, _ in placed] == [0] * 34 + [1] * 33 + [2] * 33
+    back = sorted(placed[slots - lent:])
+    assert back[:5] == [(0, 30), (0, 31), (0, 32), (0, 33), (1, 0)]
     assert len(copies) == 5 and sum(s[0] if len(s) == 2 else 1 for _, s in copies) == lent
     dev.synchronize()
     assert cache.poll() == 0 and cache.n_resident() == slots and cache.lent == 0
     got = _host(dev, cache.buf)
-    for s, (l, e) in enumerate(order[:slots - lent] + back):
+    for s, (l, e) in enumerate(placed[:slots - lent] + back):
         assert cache.slot_of[l, e] == s and (got[s] == (l * E + e) % 251).all(), f"slot {s}"
     assert region is not None
     dev.close()

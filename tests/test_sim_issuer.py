@@ -88,8 +88,9 @@ def test_the_embeddings_upload_behind_the_first_copies_holds_layer_0_back():
 
 
 def test_share_sim_counts_the_engines_refill_copies():
-    """bench/share_sim.py engine_refill_copies: the uniform fill's lent tail sorted into runs of a layer's
-    neighbouring experts (strata.accel.cache.refill_runs), as the engine copies them since ac18e97."""
+    """bench/share_sim.py engine_refill_copies: the lent tail sorted into runs of a layer's neighbouring experts
+    (strata.accel.cache.refill_runs), as the engine copies them since ac18e97; the tail the slots by layer
+    (cache.by_layer, stop 39) or, for the stored engines, in the uniform fill's order."""
     import os
     import sys
     from types import SimpleNamespace
@@ -98,8 +99,13 @@ def test_share_sim_counts_the_engines_refill_copies():
     from share_sim import engine_refill_copies
 
     cfg = SimpleNamespace(n_layer=8, n_expert=128)
-    assert engine_refill_copies(cfg, 256, 128) == 8       # experts 16..31 of each layer: a run a layer
-    assert engine_refill_copies(cfg, 256, 0) == 0
+    # by layer: the last layers' residents, experts 0..31 of layers 4..7, a run a layer (one batch of 32 each)
+    assert engine_refill_copies(cfg, 256, 128) == 4
+    assert engine_refill_copies(cfg, 256, 7) == 1          # layer 7's experts 25..31
+    assert engine_refill_copies(cfg, 256, 92) == 5         # layer 5's last 28, then 6 and 7, cut at 32 and 64
+    assert engine_refill_copies(cfg, 256, 128, by_layer=False) == 8      # experts 16..31 of each layer
+    for by_layer in (True, False):
+        assert engine_refill_copies(cfg, 256, 0, by_layer) == 0
     for loan in (1, 7, 92, 124, 200):                      # a run a layer at most, cut at each event's 32 slots
-        n = engine_refill_copies(cfg, 256, loan)
+        n = engine_refill_copies(cfg, 256, loan, by_layer=False)
         assert min(loan, 8) <= n <= min(loan, 8 + -(-loan // 32) - 1), (loan, n)

@@ -1,0 +1,72 @@
+"""In one process, one engine: the quarter cache's residents in slots by layer (cache.by_layer since stop 39: a
+prompt's loan, the cache's last slots, takes the last layers' residents first) against slots in the fill's own
+order (the uniform fill alternates layers slot by slot: the loan took every layer's highest experts alike). The
+cache is refilled in the other arm's layout between the arms (the same residents, other slots); the CPU share off;
+logits compared bit for bit; MB streamed, each arm's ratio to its own PCIe floor (H2D measured here) and the refill
+after the prompt reported. CUDA only.
+
+python bench/residents_ab.py MODEL.gguf 250,600,900 ROUNDS"""
+import sys, time, dataclasses, numpy as np
+from strata import models, policy
+from strata.accel import cache as cache_mod
+from strata.accel.arena import Arena
+from strata.accel.device.cuda import CudaDevice
+from strata.accel.engine import GpuEngine
+from strata.accel.memplan import budget_holding
+
+from prefill import h2d_gbps, warm      # bench/prefill.py
+
+path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+dev = CudaDevice()
+m = models.load(path); c = m.cfg
+budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
+arena = Arena(m, dev)
+cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
+e = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
+order = cache_mod.uniform_order(c.n_layer, c.n_expert)
+by_layer = cache_mod.by_layer
+
+
+def layout(md):
+    """Refill the cache with the same residents in arm md's slots."""
+    dev.synchronize()
+    ch = e.cache
+    ch.poll()
+    assert ch.lent == 0 and not ch._pending
+    ch.slot_of[:] = -1
+    ch.owner = [None] * ch.n_slots
+    cache_mod.by_layer = by_layer if md == "new" else (lambda pairs: list(pairs))
+    ch.fill(order, arena)
+    cache_mod.by_layer = by_layer
+
+
+bw, _ = h2d_gbps(dev, arena.blob(0, 0).nbytes)
+rng = np.random.default_rng(0)
+for md in ("old", "new"):
+    layout(md)
+    warm((e,), lengths, rng, c.n_vocab)
+for md in ("old", "new"):
+    layout(md)
+    k = e.plan.for_prompt(e.config, e.share, lengths[0])[2]
+    lent = np.bincount([o[0] for o in e.cache.owner[e.cache.n_slots - k:]], minlength=c.n_layer)
+    print(f"{md}: a {lengths[0]}-token prompt's loan of {k} slots takes residents of layers 0..{c.n_layer - 1}: {lent.tolist()}")
+print(f"{path}: quarter cache {e.plan.cache_slots} slots (chunk {e.plan.chunk}); H2D {bw:.1f} GB/s; old = slots in the fill's order, new = by layer; {rounds} rounds, arms alternating; medians", flush=True)
+for L in lengths:
+    t = {"old": [], "new": []}; mb = {"old": [], "new": []}; same = True; rf = {"old": [], "new": []}
+    loan = e.plan.for_prompt(e.config, e.share, L)[2]
+    for r in range(rounds):
+        p = rng.integers(0, c.n_vocab, L).tolist()
+        outs = {}
+        for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            layout(md)
+            b0 = e.stats.streamed_bytes
+            e.reset(); dev.synchronize()
+            t0 = time.perf_counter(); outs[md] = e.prefill(p); t1 = time.perf_counter(); dev.synchronize()
+            t[md].append((t1 - t0) * 1e3); rf[md].append((time.perf_counter() - t1) * 1e3)
+            mb[md].append((e.stats.streamed_bytes - b0) / 1e6)
+        same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
+    rr = np.array(t["old"]) / np.array(t["new"])
+    print(f"  {L:5d} (loan {loan}): " + "  ".join(
+        f"{md} {np.median(t[md]):6.2f} ms ({np.median(mb[md]):4.0f} MB, x{np.median(t[md]) / (np.median(mb[md]) / bw):.2f} floor, refill {np.median(rf[md]):.1f})"
+        for md in ("old", "new"))
+        + f"  old/new x{np.median(t['old']) / np.median(t['new']):.3f} (per-round {rr.min():.3f}-{rr.max():.3f}, median {np.median(rr):.3f}); logits identical: {same}", flush=True)
