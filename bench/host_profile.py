@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=250)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--sort", default="tottime", help="pstats keys, comma-separated: one listing each")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -72,9 +73,11 @@ def main():
         wall = (time.perf_counter() - t0) / n
         print(f"== {phase}: {wall * 1e3:.2f} ms per {'prompt' if phase == 'prefill' else 'token'}, "
               f"routing-sync wait {(eng.stats.sync_wait_s - w0) / n * 1e3:.2f} ms, {c.n_layer} layers")
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
-        print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[:12000])
+        for key in a.sort.split(","):
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats(key).print_stats(a.top)
+            print(f"-- by {key}")
+            print("\n".join(l for l in s.getvalue().splitlines() if l.strip())[:12000])
 
 
 if __name__ == "__main__":

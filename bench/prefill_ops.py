@@ -39,7 +39,8 @@ class OpTimer:
 
     def _wrap(self, name, fn):
         def timed(*a, **kw):
-            stream = kw.get("stream", a[-1] if a else None)
+            # the stream: a keyword, or the positional Stream (gemm_grouped's max_rows, attention's spill follow it)
+            stream = kw.get("stream", next((x for x in reversed(a) if isinstance(x, Stream)), None))
             if not self.on or not isinstance(stream, Stream):
                 return fn(*a, **kw)
             e0, e1 = self.dev.event(), self.dev.event()
