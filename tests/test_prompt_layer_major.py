@@ -241,3 +241,39 @@ def test_chunks_the_cpu_shares_stay_chunk_by_chunk():
     finally:
         pool.close()
         dev.close()
+
+
+@pytest.mark.parametrize("kind", _devices())
+@pytest.mark.parametrize("name", golden.golden_models())
+def test_deferred_blocks_keep_the_bits(kind, name, monkeypatch):
+    """Each chunk's MoE block but a layer's last issued after the next chunk's dense part (accel/deferred.py):
+    the same bits as each block in place, every token's, and every such block deferred."""
+    from strata.accel.layer_major import Admissions
+
+    m = models.load(golden.model_path(name))
+    outs, deferred = {}, {}
+    for defer in (False, True):
+        with device_of(kind) as dev:
+            e = _engine(m, dev, True)
+            e.defer_blocks = defer
+            block, n = e._defer_block, [0]
+
+            def counted(*a, **kw):
+                n[0] += 1
+                return block(*a, **kw)
+
+            e._defer_block = counted
+            # each chunk's routing sync sees its own chunk's state: the admissions' `last` (a layer's last chunk
+            # frees the layer's slots for the next one) true for the third chunk of each layer only
+            lasts = []
+            routed = Admissions.routed
+            monkeypatch.setattr(Admissions, "routed", lambda self, layer, cnt: (lasts.append(self.last),
+                                                                               routed(self, layer, cnt))[1])
+            outs[defer] = prefill_each(e, _prompts(m.cfg.n_vocab), all_logits=True)
+            monkeypatch.undo()
+            deferred[defer] = n[0]
+            assert e._deferred is None and not e._defer
+            assert lasts == [False, False, True] * (3 * m.cfg.n_layer)
+    assert deferred == {False: 0, True: 3 * m.cfg.n_layer * 2}      # three prompts, two of three chunks a layer
+    for i, (a, b) in enumerate(zip(outs[False], outs[True])):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"

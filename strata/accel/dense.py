@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from strata.accel.arena import PROGRESS_BYTES
+from strata.accel.deferred import Lazy
 from strata.accel.gpu.dequant import F32_EXACT
 from strata.mathfn import rope_table
 from strata.models import Model, common
@@ -205,6 +206,8 @@ class DeviceOps:
         return out
 
     def add(self, x, y):
+        if isinstance(x, Lazy) or isinstance(y, Lazy):     # a deferred MoE block's output: the add waits with it
+            return (x if isinstance(x, Lazy) else y).block.then(self.add, x, y)
         if not (x.flags.c_contiguous and y.flags.c_contiguous and x.shape == y.shape):
             self.arith += 1
             return x + y

@@ -139,6 +139,9 @@ class GpuEngine(MoeBlock):
         self.routes = RouteMemory(c.n_layer, c.n_expert)
         self._pre: tuple[int, Walk] | None = None
         self._admissions = None     # a layer-major prompt's cache admissions (layer_major.py), None otherwise
+        # a layer-major chunk's MoE block waits for the next chunk's dense part (deferred.py): _defer while the
+        # model code runs such a chunk, _deferred the block waiting; defer_blocks=False issues each in place
+        self.defer_blocks, self._defer, self._deferred = True, False, None
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
         if self.cpu_block is not None and self.share.on and self.cpu_block.auto:
             self._prime_share()

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from strata.accel.buffers import ALIGN, Carver, attn_scratch_bytes, carve, layout_bytes
+from strata.accel.deferred import Lazy
 from strata.accel.moe import ExpertRunner
 from strata.models.common import head
 from strata.policy.layer_major import layer_major_chunk, victims
@@ -230,8 +231,13 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                     eng.pos, eng.n_chunks = pos0 + a, chunk0 + j        # a routing trace's chunk and position
                     eng.ops.begin(bufs, pos0 + a, b - a, pos_dev=pos_dev[a:b])
                     adm.last = j + 1 == len(spans)
+                    # a chunk's MoE block but the layer's last waits for the next chunk's dense part (deferred.py)
+                    eng._defer = eng.defer_blocks and not adm.last
                     y = eng.model.forward_block(eng.ops, xs[a:b], layer, np.arange(pos0 + a, pos0 + b))
-                    k.copy(xs[a:b], y, dev.compute)
+                    if isinstance(y, Lazy):
+                        y.block.then(k.copy, xs[a:b], y, dev.compute)
+                    else:
+                        k.copy(xs[a:b], y, dev.compute)
                     if layer + 1 < c.n_layer and j + 1 < len(spans):
                         # the room this layer leaves takes the next one's likely experts, a share after each chunk
                         if j == 0:
@@ -253,6 +259,7 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
         out = np.concatenate([dev.tohost(x) for x in logits])                       # [T or 1, V]
         ok = True
     finally:
+        eng._defer, eng._deferred = False, None
         eng.pos, eng.n_chunks = pos0 + (T if ok else 0), chunk0 + (len(spans) if ok else 0)
         ev = dev.event(timing=False)
         ev.record(dev.compute)

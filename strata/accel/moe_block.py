@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from strata.accel.deferred import DeferredBlock
 from strata.accel.moe import placement, row_layout
 from strata.accel.stream import Walk
 from strata.policy.stream import routed_group, routed_groups, unrouted_waste, walk_runs
@@ -20,7 +21,44 @@ from strata.policy.stream import routed_group, routed_groups, unrouted_waste, wa
 class MoeBlock:
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
-        `out` where given)."""
+        `out` where given). A chunk's block deferred before (deferred.py) runs first, behind this chunk's dense
+        part; with `_defer` set this one waits in turn, and its output is a deferred.Lazy."""
+        waiting, self._deferred = self._deferred, None
+        if waiting is not None:
+            waiting.resolve()
+        if self._defer:
+            return self._defer_block(h, layer, ids_dev, w_dev, out)
+        return self._block(h, layer, ids_dev, w_dev, out)
+
+    def _defer_block(self, h, layer: int, ids_dev, w_dev, out):
+        """The routing's download and the sync event now; the rest when the next chunk's block starts. The next
+        chunk's top-k rewrites the weights' buffer before then: the block keeps a copy."""
+        assert not self._decode and not (self.cpu_block is not None and self._shareable and self.share.on)
+        s, T = self.dev.compute, h.shape[0]
+        self.dev.d2h(self.ids_host[:T * self.cfg.n_expert_used], ids_dev, s)
+        self.sync_ev.record(s)
+        w = self.dev.empty(w_dev.shape, w_dev.dtype)
+        self.k.copy(w, w_dev, s)
+        # what the block reads of its chunk's state: a routing trace's chunk and position, the admissions' last
+        adm = self._admissions
+        state = self.pos, self.n_chunks, adm.last if adm is not None else None
+
+        def issue():
+            now = self.pos, self.n_chunks, adm.last if adm is not None else None
+            self.pos, self.n_chunks, last = state
+            if adm is not None:
+                adm.last = last
+            try:
+                return self._block(h, layer, None, w, out)
+            finally:
+                self.pos, self.n_chunks, last = now
+                if adm is not None:
+                    adm.last = last
+        self._deferred = DeferredBlock(issue)
+        return self._deferred.out
+
+    def _block(self, h, layer: int, ids_dev, w_dev, out=None):
+        """moe's body; ids_dev None: the routing's download and sync event are on the stream already."""
         c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
         T, K = h.shape[0], c.n_expert_used
         bufs = self._runner.bufs
@@ -32,8 +70,9 @@ class MoeBlock:
             arm = cb.begin_layer(layer, h, s)
         elif self._decode and cb is not None:
             dev.d2h(cb.x_host[:T], h, s)
-        dev.d2h(self.ids_host[:T * K], ids_dev, s)
-        self.sync_ev.record(s)
+        if ids_dev is not None:
+            dev.d2h(self.ids_host[:T * K], ids_dev, s)
+            self.sync_ev.record(s)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
         t_synced = time.perf_counter()

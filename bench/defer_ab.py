@@ -1,0 +1,42 @@
+"""In one process, one engine: a layer-major prompt's MoE blocks deferred behind the next chunk's dense part
+(accel/deferred.py, the default) against each block issued in place (the engine's defer_blocks off), arms
+alternating, the quarter cache of bench/prefill.py, the CPU share off; logits compared bit for bit; the host's time
+blocked in routing syncs per arm. CUDA only.
+
+python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS"""
+import sys, time, dataclasses, numpy as np
+from strata import models, policy
+from strata.accel.arena import Arena
+from strata.accel.device.cuda import CudaDevice
+from strata.accel.engine import GpuEngine
+from strata.accel.memplan import budget_holding
+
+from prefill import warm      # bench/prefill.py
+
+path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+dev = CudaDevice()
+m = models.load(path); c = m.cfg
+budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
+arena = Arena(m, dev)
+cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
+e = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
+rng = np.random.default_rng(0)
+for on in (False, True):
+    e.defer_blocks = on
+    warm((e,), lengths, rng, c.n_vocab)
+print(f"{path}: quarter cache {e.plan.cache_slots} slots (chunk {e.plan.chunk}); old = blocks in place, new = deferred; {rounds} rounds, arms alternating; medians", flush=True)
+for L in lengths:
+    t = {"old": [], "new": []}; w = {"old": [], "new": []}; same = True
+    for r in range(rounds):
+        p = rng.integers(0, c.n_vocab, L).tolist()
+        outs = {}
+        for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            e.defer_blocks = md == "new"
+            e.reset(); dev.synchronize()
+            w0 = e.stats.sync_wait_s
+            t0 = time.perf_counter(); outs[md] = e.prefill(p); dev.synchronize()
+            t[md].append((time.perf_counter() - t0) * 1e3); w[md].append((e.stats.sync_wait_s - w0) * 1e3)
+        same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
+    rr = np.array(t["old"]) / np.array(t["new"])
+    walk = e.stats.chunks[-1][1]
+    print(f"  {L:5d} ({walk}): old {np.median(t['old']):7.2f} ms (blocked in syncs {np.median(w['old']):5.1f})  new {np.median(t['new']):7.2f} ms (blocked {np.median(w['new']):5.1f})  old/new x{np.median(t['old']) / np.median(t['new']):.3f} (per-round {rr.min():.3f}-{rr.max():.3f}, median {np.median(rr):.3f}); logits identical: {same}", flush=True)

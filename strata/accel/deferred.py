@@ -1,0 +1,44 @@
+"""A prompt chunk's MoE block issued after the next chunk's dense part (ours; layer_major.run's chunks).
+
+Layer by layer, chunk j+1's dense part (its attention reads the keys chunks 0..j wrote in this layer's dense parts)
+does not read chunk j's MoE block, nor does the block read it. So the block of chunk j can wait: its routing goes
+to the host and its sync event is recorded, the model code goes on, and the block (the routing sync, the host's
+row layout and tables, the launches) runs when chunk j+1 reaches its own block, with chunk j+1's dense part already
+queued: the GPU computes that while the host lays chunk j out, where it idled before.
+
+The model code meets the block's output as a `Lazy` value: the ops that take it (the residual adds, DeviceOps.add)
+are recorded on the block and run, in their order, once it is issued; the layer-major loop records its copy into
+the residual stream likewise. The arithmetic is the same launches on the same inputs, in another issue order: the
+same bits.
+"""
+
+from __future__ import annotations
+
+
+class Lazy:
+    """An array a deferred block computes: its output, or an op recorded on it (`value` once the block ran)."""
+
+    __slots__ = ("block", "value")
+
+    def __init__(self, block: "DeferredBlock"):
+        self.block, self.value = block, None
+
+
+class DeferredBlock:
+    """One chunk's MoE block, waiting: issue() runs it (routing sync onward) and returns its output [T, D]."""
+
+    def __init__(self, issue):
+        self._issue = issue
+        self.out = Lazy(self)
+        self._ops: list[tuple[Lazy, object, tuple]] = []
+
+    def then(self, fn, *args) -> Lazy:
+        """Record fn(*args) (Lazy args: their values) to run after the block; its result as a Lazy."""
+        node = Lazy(self)
+        self._ops.append((node, fn, args))
+        return node
+
+    def resolve(self) -> None:
+        self.out.value = self._issue()
+        for node, fn, args in self._ops:
+            node.value = fn(*(a.value if isinstance(a, Lazy) else a for a in args))
