@@ -246,8 +246,9 @@ def test_chunks_the_cpu_shares_stay_chunk_by_chunk():
 @pytest.mark.parametrize("kind", _devices())
 @pytest.mark.parametrize("name", golden.golden_models())
 def test_deferred_blocks_keep_the_bits(kind, name, monkeypatch):
-    """Each chunk's MoE block but a layer's last issued after the next chunk's dense part (accel/deferred.py):
-    the same bits as each block in place, every token's, and every such block deferred."""
+    """Each chunk's MoE block issued after the next chunk's dense part, a layer's last after the next layer's first
+    chunk's (accel/deferred.py): the same bits as each block in place, every token's, and every block but the
+    prompt's last deferred."""
     from strata.accel.layer_major import Admissions
 
     m = models.load(golden.model_path(name))
@@ -265,15 +266,22 @@ def test_deferred_blocks_keep_the_bits(kind, name, monkeypatch):
             e._defer_block = counted
             # each chunk's routing sync sees its own chunk's state: the admissions' `last` (a layer's last chunk
             # frees the layer's slots for the next one) true for the third chunk of each layer only
-            lasts = []
-            routed = Admissions.routed
+            lasts, order = [], []
+            routed, done, issue = Admissions.routed, Admissions.layer_done, e._block
             monkeypatch.setattr(Admissions, "routed", lambda self, layer, cnt: (lasts.append(self.last),
                                                                                routed(self, layer, cnt))[1])
+            # a layer's end (its slots free for the next layer's copies) only once its last block is issued
+            monkeypatch.setattr(Admissions, "layer_done", lambda self, layer: (order.append(("end", layer)),
+                                                                               done(self, layer))[1])
+            e._block = lambda h, layer, *a: (order.append(("block", layer)), issue(h, layer, *a))[1]
             outs[defer] = prefill_each(e, _prompts(m.cfg.n_vocab), all_logits=True)
             monkeypatch.undo()
             deferred[defer] = n[0]
             assert e._deferred is None and not e._defer
             assert lasts == [False, False, True] * (3 * m.cfg.n_layer)
-    assert deferred == {False: 0, True: 3 * m.cfg.n_layer * 2}      # three prompts, two of three chunks a layer
+            L = m.cfg.n_layer
+            assert order == [("block", l) if i < 3 else ("end", l) for _ in range(3) for l in range(L)
+                             for i in range(4)]
+    assert deferred == {False: 0, True: 3 * (m.cfg.n_layer * 3 - 1)}      # three prompts: all but the last block
     for i, (a, b) in enumerate(zip(outs[False], outs[True])):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"

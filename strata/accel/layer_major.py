@@ -195,6 +195,19 @@ def choose(eng, n: int) -> tuple[int, int, bool] | None:
     return None if got is None else (*got, refused)
 
 
+def _layer_end(eng, adm: Admissions, layer: int, chunks: int, chunk: int, t0: float) -> None:
+    """After a layer's last MoE block is issued: its slots free after it, the rest of the next layer's guesses
+    into them."""
+    n_layer = eng.cfg.n_layer
+    adm.layer_done(layer)
+    if layer + 1 < n_layer:
+        adm.guess(layer + 1, (layer + 1,))
+        adm.prefetch(layer + 1, (layer + 1,))
+    if eng.progress:
+        eng.progress(f"prefill: layer {layer + 1} of {n_layer} over {chunks} chunks of up to {chunk} tokens, "
+                     f"{adm.copies} experts streamed, {(time.perf_counter() - t0) * 1e3:.1f} ms")
+
+
 def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_waste: bool = False):
     """The prompt through every layer, chunk by chunk within a layer; logits of the last token [1, V] (or every
     token's [T, V]) on the host. `region`: the borrowed (or owned) bytes: one chunk's step buffers, then every
@@ -231,8 +244,9 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                     eng.pos, eng.n_chunks = pos0 + a, chunk0 + j        # a routing trace's chunk and position
                     eng.ops.begin(bufs, pos0 + a, b - a, pos_dev=pos_dev[a:b])
                     adm.last = j + 1 == len(spans)
-                    # a chunk's MoE block but the layer's last waits for the next chunk's dense part (deferred.py)
-                    eng._defer = eng.defer_blocks and not adm.last
+                    # a chunk's MoE block waits for the next chunk's dense part (deferred.py): the next layer's
+                    # first chunk's for a layer's last; the prompt's last block runs in place
+                    eng._defer = eng.defer_blocks and not (adm.last and layer + 1 == c.n_layer)
                     y = eng.model.forward_block(eng.ops, xs[a:b], layer, np.arange(pos0 + a, pos0 + b))
                     if isinstance(y, Lazy):
                         y.block.then(k.copy, xs[a:b], y, dev.compute)
@@ -243,14 +257,12 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                         if j == 0:
                             adm.guess(layer + 1, (layer, layer + 1))
                         adm.prefetch(layer + 1, (layer, layer + 1), 1 / (len(spans) - 1 - j))
-                adm.layer_done(layer)
-                if layer + 1 < c.n_layer:      # the rest into this layer's slots, after its compute
-                    adm.guess(layer + 1, (layer + 1,))
-                    adm.prefetch(layer + 1, (layer + 1,))
-                if eng.progress:
-                    eng.progress(f"prefill: layer {layer + 1} of {c.n_layer} over {len(spans)} chunks of up to "
-                                 f"{chunk} tokens, {adm.copies} experts streamed, "
-                                 f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
+                # the layer's end once its last block is issued (its slots free after that block's groups)
+                ended = (lambda l=layer: _layer_end(eng, adm, l, len(spans), chunk, t0))
+                if eng._deferred is not None:
+                    eng._deferred.then(ended)
+                else:
+                    ended()
             # every chunk's logits as the chunk-by-chunk engine takes them (a head over a chunk's rows: the head's
             # product over other row counts is another GEMM shape, with other bits), or the last token's
             logits = [head(eng.ops, c, xs[a:b]) for a, b in spans] if all_logits else [head(eng.ops, c, xs[T - 1:T])]
