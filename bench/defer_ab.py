@@ -1,9 +1,11 @@
 """In one process, one engine: a layer-major prompt's MoE blocks deferred behind the next chunk's dense part
-(accel/deferred.py, the default) against each block issued in place (the engine's defer_blocks off), arms
-alternating, the quarter cache of bench/prefill.py, the CPU share off; logits compared bit for bit; the host's time
-blocked in routing syncs per arm. CUDA only.
+(accel/deferred.py, the default) against each block issued in place (the engine's defer_blocks off); or, with
+`rows`, the prompt attention's blocks chosen by cuda_attn.attn_block_rows (128 rows late in a long prompt) against
+64-row blocks everywhere (what it chose for the quarter cache's chunks before stop 39). Arms alternating, the
+quarter cache of bench/prefill.py, the CPU share off; logits compared bit for bit; the host's time blocked in
+routing syncs per arm. CUDA only.
 
-python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS"""
+python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS [defer|rows]"""
 import sys, time, dataclasses, numpy as np
 from strata import models, policy
 from strata.accel.arena import Arena
@@ -14,6 +16,7 @@ from strata.accel.memplan import budget_holding
 from prefill import warm      # bench/prefill.py
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+what = sys.argv[4] if len(sys.argv) > 4 else "defer"
 dev = CudaDevice()
 m = models.load(path); c = m.cfg
 budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
@@ -21,17 +24,27 @@ arena = Arena(m, dev)
 cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
 e = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
 rng = np.random.default_rng(0)
+
+
+def arm(new: bool):
+    if what == "defer":
+        e.defer_blocks = new
+    else:
+        dev.k.attn_rows = None if new else 64
+
+
 for on in (False, True):
-    e.defer_blocks = on
+    arm(on)
     warm((e,), lengths, rng, c.n_vocab)
-print(f"{path}: quarter cache {e.plan.cache_slots} slots (chunk {e.plan.chunk}); old = blocks in place, new = deferred; {rounds} rounds, arms alternating; medians", flush=True)
+names = {"defer": "old = blocks in place, new = deferred", "rows": "old = 64-row attention blocks, new = attn_block_rows"}
+print(f"{path}: quarter cache {e.plan.cache_slots} slots (chunk {e.plan.chunk}); {names[what]}; {rounds} rounds, arms alternating; medians", flush=True)
 for L in lengths:
     t = {"old": [], "new": []}; w = {"old": [], "new": []}; same = True
     for r in range(rounds):
         p = rng.integers(0, c.n_vocab, L).tolist()
         outs = {}
         for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
-            e.defer_blocks = md == "new"
+            arm(md == "new")
             e.reset(); dev.synchronize()
             w0 = e.stats.sync_wait_s
             t0 = time.perf_counter(); outs[md] = e.prefill(p); dev.synchronize()

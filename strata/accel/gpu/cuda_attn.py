@@ -13,14 +13,20 @@ from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 
 FLASH_HD = ONE_PASS_HEAD_DIMS     # head sizes attn_kernels.cu is built for
 W32_WAVES = 4   # launches of at least this many waves of 128-row blocks (2 a multiprocessor) take them
+W32_KEYS = 4    # ... and chunks with at least this many keys a query row: late in a long prompt
 
 
-def attn_block_rows(M: int, Hkv: int, sms: int) -> int:
+def attn_block_rows(M: int, Hkv: int, sms: int, T: int = 0, keys: int = 0) -> int:
     """Query rows a prompt attention block takes for M rows a kv head: 128 (flash_attention_w32) where its blocks
     fill W32_WAVES waves of the GPU, else 64. On the H200 (bench/results/h200/attn_w32_stop33.log) the 32-row warps
     were 1.044x on qwen3's resident 8K prompt (2,048 blocks of 128 rows) but 0.94-0.97x alone on its 1,280-token
-    chunks (320 blocks, uneven causal work in ~1.2 waves) and 0.99x on its 2K prompt (512 blocks)."""
-    return 128 if -(-M // 128) * Hkv >= W32_WAVES * 2 * sms else 64
+    chunks (320 blocks, uneven causal work in ~1.2 waves) and 0.99x on its 2K prompt (512 blocks). A chunk of T
+    queries over `keys` keys, at least W32_KEYS·T, takes 128 as well: there every block walks about the same keys,
+    and each key step loaded serves twice the rows (a 1,171-token chunk: 1.06x over 4,684 keys, 1.09x over 8,197,
+    but 0.89x over 2,342; bench/results/h200/attn_split_stop39.log)."""
+    if -(-M // 128) * Hkv >= W32_WAVES * 2 * sms or (T and keys >= W32_KEYS * T):
+        return 128
+    return 64
 
 
 def _w32_smem(hd: int) -> int:
@@ -54,7 +60,7 @@ class CudaAttentionKernels:
             for d in FLASH_HD:
                 self._afn[d, 128].max_dynamic_shared_size_bytes = _w32_smem(d)
         M = T * (H // Hkv)
-        rows = self.attn_rows or attn_block_rows(M, Hkv, self.sms)
+        rows = self.attn_rows or attn_block_rows(M, Hkv, self.sms, T, pos0 + T)
         self._afn[hd, rows]((-(-M // rows), Hkv), (128,), (out, q, kc, vc, np.int32(T), np.int32(H), np.int32(Hkv),
                                                           np.int32(pos0), np.float32(1.0 / np.sqrt(hd))),
                             stream=stream.s, shared_mem=_w32_smem(hd) if rows == 128 else 0)
