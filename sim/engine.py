@@ -103,6 +103,8 @@ class Run:
     #                             CuPy view and an event a slot (rows_ab_stop21.log: 1.4-2.2x, 1.85 typical)
     layer_major: bool = True  # a prompt of several chunks that would walk routed-only without the share runs layer
     #                           by layer (policy.layer_major, stop 37; sim/layer_major.py); False: every engine before
+    defer_blocks: bool = True  # there, each chunk's MoE block is issued behind the next chunk's dense part
+    #                            (strata/accel/deferred.py, stop 39); False: stops 37-38's engines, each in place
     guess: bool = True  # routed-only chunks without the share stream each layer's likely experts before its routing
     #                     sync (policy.guess, stop 35; where the host is timed by what it issues); False: every
     #                     engine before, each walk from ring slot 0
@@ -274,10 +276,11 @@ class _Runner(EngineWalks, LayerMajorWalk):
     def _attention(self, l: int, start: int, t: int) -> None:
         self.gpu.op(f"L{l} attn", self.costs.dense_us(t, self.run.prior + start), category="dense")
 
-    def _routing_sync(self, l: int, start: int, t: int, layout: bool = True):
-        """The host waits for layer l's routing, reads the last window's events, then (`layout`) lays out the rows
-        and the layer's tables (group_us); the routed-only walk of this engine issues its first copies first."""
-        yield self.gpu.tail
+    def _routing_sync(self, l: int, start: int, t: int, layout: bool = True, routed=None):
+        """The host waits for layer l's routing (`routed`: the GPU's mark after it, where more is queued behind;
+        else the GPU's tail), reads the last window's events, then (`layout`) lays out the rows and the layer's
+        tables (group_us); the routed-only walk of this engine issues its first copies first."""
+        yield routed or self.gpu.tail
         yield self.env.timeout(self.costs.sync_us())
         want = self.pol.wants()
         if want.gpu or want.wall:  # the previous window's events are complete now
