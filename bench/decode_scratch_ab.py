@@ -6,24 +6,14 @@ compared bit for bit (the launch groups differ, the sums do not); MB streamed, t
 the ring, the loan and the refill after the prompt reported. CUDA only.
 
 python bench/decode_scratch_ab.py MODEL.gguf 250,600,900 ROUNDS"""
-import sys, time, dataclasses, numpy as np
-from strata import models, policy
-from strata.accel.arena import Arena
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
+import sys, dataclasses, numpy as np
 
-from prefill import h2d_gbps, warm      # bench/prefill.py
+from prefill import h2d_gbps, quarter_engines, timed_prompt, warm      # bench/prefill.py
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
-dev = CudaDevice()
-m = models.load(path); c = m.cfg
-budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
-arena = Arena(m, dev)
-cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-eo = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
+dev, m, arena, (eo, en) = quarter_engines(path, 2)
+c = m.cfg
 eo.plan = dataclasses.replace(eo.plan, rows=None)
-en = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
 bw, _ = h2d_gbps(dev, arena.blob(0, 0).nbytes)
 rng = np.random.default_rng(0)
 warm((eo, en), lengths, rng, c.n_vocab)
@@ -34,12 +24,8 @@ for L in lengths:
         p = rng.integers(0, c.n_vocab, L).tolist()
         outs = {}
         for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
-            e = eo if md == "old" else en
-            b0 = e.stats.streamed_bytes
-            e.reset(); dev.synchronize()
-            t0 = time.perf_counter(); outs[md] = e.prefill(p); t1 = time.perf_counter(); dev.synchronize()
-            t[md].append((t1 - t0) * 1e3); rf[md].append((time.perf_counter() - t1) * 1e3)
-            mb[md].append((e.stats.streamed_bytes - b0) / 1e6)
+            ms, outs[md], after, got = timed_prompt(dev, eo if md == "old" else en, p)
+            t[md].append(ms); rf[md].append(after); mb[md].append(got)
         same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
     rr = np.array(t["old"]) / np.array(t["new"])
     sh = {md: e.plan.for_prompt(e.config, e.share, L) for md, e in (("old", eo), ("new", en))}

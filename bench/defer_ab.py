@@ -6,23 +6,14 @@ quarter cache of bench/prefill.py, the CPU share off; logits compared bit for bi
 routing syncs per arm. CUDA only.
 
 python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS [defer|rows]"""
-import sys, time, dataclasses, numpy as np
-from strata import models, policy
-from strata.accel.arena import Arena
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
+import sys, numpy as np
 
-from prefill import warm      # bench/prefill.py
+from prefill import quarter_engines, timed_prompt, warm      # bench/prefill.py
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 what = sys.argv[4] if len(sys.argv) > 4 else "defer"
-dev = CudaDevice()
-m = models.load(path); c = m.cfg
-budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
-arena = Arena(m, dev)
-cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-e = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
+dev, m, arena, (e,) = quarter_engines(path, 1)
+c = m.cfg
 rng = np.random.default_rng(0)
 
 
@@ -45,10 +36,9 @@ for L in lengths:
         outs = {}
         for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
             arm(md == "new")
-            e.reset(); dev.synchronize()
             w0 = e.stats.sync_wait_s
-            t0 = time.perf_counter(); outs[md] = e.prefill(p); dev.synchronize()
-            t[md].append((time.perf_counter() - t0) * 1e3); w[md].append((e.stats.sync_wait_s - w0) * 1e3)
+            ms, outs[md], after, _ = timed_prompt(dev, e, p)
+            t[md].append(ms + after); w[md].append((e.stats.sync_wait_s - w0) * 1e3)
         same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
     rr = np.array(t["old"]) / np.array(t["new"])
     walk = e.stats.chunks[-1][1]

@@ -70,6 +70,40 @@ def warm(engines, lengths, rng, n_vocab: int, rounds: int = 2) -> None:
                 e.prefill(p)
 
 
+def quarter_engines(path: str, n: int, n_ctx: int = 8200):
+    """The in-process A/B scripts' set-up: n engines with this bench's quarter cache on one arena, the CPU share
+    off -> (device, model, arena, engines). CUDA only."""
+    import dataclasses
+
+    from strata import models, policy
+    from strata.accel.arena import Arena
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import budget_holding
+
+    dev = CudaDevice()
+    m = models.load(path)
+    c = m.cfg
+    budget = budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
+    arena = Arena(m, dev)
+    cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
+    return dev, m, arena, [GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, arena=arena)
+                           for _ in range(n)]
+
+
+def timed_prompt(dev, e, tokens) -> tuple[float, np.ndarray, float, float]:
+    """One prompt from an idle device: (ms until prefill returns, its logits, ms more until the device is idle
+    (the refill of the lent slots), MB streamed)."""
+    b0 = e.stats.streamed_bytes
+    e.reset()
+    dev.synchronize()
+    t0 = time.perf_counter()
+    out = e.prefill(tokens)
+    t1 = time.perf_counter()
+    dev.synchronize()
+    return (t1 - t0) * 1e3, out, (time.perf_counter() - t1) * 1e3, (e.stats.streamed_bytes - b0) / 1e6
+
+
 def host_gbps(threads: int) -> float:
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from hw_probe import host_bandwidth

@@ -6,23 +6,14 @@ logits compared bit for bit; MB streamed, each arm's ratio to its own PCIe floor
 after the prompt reported. CUDA only.
 
 python bench/residents_ab.py MODEL.gguf 250,600,900 ROUNDS"""
-import sys, time, dataclasses, numpy as np
-from strata import models, policy
+import sys, numpy as np
 from strata.accel import cache as cache_mod
-from strata.accel.arena import Arena
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
 
-from prefill import h2d_gbps, warm      # bench/prefill.py
+from prefill import h2d_gbps, quarter_engines, timed_prompt, warm      # bench/prefill.py
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
-dev = CudaDevice()
-m = models.load(path); c = m.cfg
-budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
-arena = Arena(m, dev)
-cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-e = GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=cfg, arena=arena)
+dev, m, arena, (e,) = quarter_engines(path, 1)
+c = m.cfg
 order = cache_mod.uniform_order(c.n_layer, c.n_expert)
 by_layer = cache_mod.by_layer
 
@@ -59,11 +50,8 @@ for L in lengths:
         outs = {}
         for md in (("old", "new") if r % 2 == 0 else ("new", "old")):
             layout(md)
-            b0 = e.stats.streamed_bytes
-            e.reset(); dev.synchronize()
-            t0 = time.perf_counter(); outs[md] = e.prefill(p); t1 = time.perf_counter(); dev.synchronize()
-            t[md].append((t1 - t0) * 1e3); rf[md].append((time.perf_counter() - t1) * 1e3)
-            mb[md].append((e.stats.streamed_bytes - b0) / 1e6)
+            ms, outs[md], after, got = timed_prompt(dev, e, p)
+            t[md].append(ms); rf[md].append(after); mb[md].append(got)
         same &= np.array_equal(outs["old"].view(np.uint32), outs["new"].view(np.uint32))
     rr = np.array(t["old"]) / np.array(t["new"])
     print(f"  {L:5d} (loan {loan}): " + "  ".join(
