@@ -107,8 +107,9 @@ class ExpertCache:
 
         The lent slots take their experts back sorted by (layer, expert), so neighbouring experts of a layer land
         in neighbouring slots and each run is one copy (Device.h2d_rows). Which slot holds an expert changes
-        nothing else (slot_of is the one map). With the uniform fill a lent tail alternates layers: one copy a
-        slot, ~5 us of the engine thread's time each, 128-889 a prompt on the bench's models."""
+        nothing else (slot_of is the one map). The residents sit `by_layer`, so a lent tail is a few layers' runs;
+        in the uniform fill's own order it alternated layers, a copy a slot (~5 us of the engine thread's time
+        each, 128-889 a prompt on the bench's models)."""
         self.dev.copy.wait(after_event)
         lo = self.n_slots - self.lent
         pairs = sorted(o for o in self.owner[lo:] if o is not None)

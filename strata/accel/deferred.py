@@ -23,6 +23,10 @@ class Lazy:
     def __init__(self, block: "DeferredBlock"):
         self.block, self.value = block, None
 
+    def __getattr__(self, name):     # an op that reads the array (shape, flags, ...) before the block has run
+        raise TypeError(f"a deferred MoE block's output reached an op that cannot wait for it (it read .{name}): "
+                        "only DeviceOps.add records itself on the block (strata/accel/deferred.py)")
+
 
 class DeferredBlock:
     """One chunk's MoE block, waiting: issue() runs it (routing sync onward) and returns its output [T, D]."""
