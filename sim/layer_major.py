@@ -5,8 +5,9 @@ prompt buffers, sim/vram.py); the copies are the engine's admissions: the next l
 during a layer where room is left, the rest after it (the engine frees a layer's slots group by group in its last
 chunk: modelled as the layer's end), and a chunk's routed experts not in yet at its routing sync. Each chunk's MoE
 block is issued behind the next chunk's dense part (strata/accel/deferred.py; Run.defer_blocks): its routing sync
-waits for the mark after its own dense part, and the host lays it out while the GPU computes the next one's. Times
-in µs.
+waits for the mark after its own dense part, and the host lays it out while the GPU computes the next one's. The
+engine issues that block on a second compute stream beside the dense part (moe_block._beside, stop 40); the model's
+GPU is one stream, so here the two still run one after the other. Times in µs.
 """
 
 from __future__ import annotations

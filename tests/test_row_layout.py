@@ -192,7 +192,10 @@ def test_the_compiled_packing_is_the_loops(r, few_rows, max_group, seed, tiles):
     class K:
         staging = SimpleNamespace(dbase=1 << 40)
 
-        def _room(self, nbytes):           # the staging ring's room, written in place (stale bytes: not zeros)
+        def _st(self, stream):
+            return self.staging
+
+        def _room(self, nbytes, stream):   # the staging ring's room, written in place (stale bytes: not zeros)
             self.room = np.full(nbytes, 0xA5, np.uint8)
             return 256, self.room
 

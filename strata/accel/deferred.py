@@ -29,10 +29,12 @@ class Lazy:
 
 
 class DeferredBlock:
-    """One chunk's MoE block, waiting: issue() runs it (routing sync onward) and returns its output [T, D]."""
+    """One chunk's MoE block, waiting: issue() runs it (routing sync onward) and returns its output [T, D]. `key`:
+    the chunk's first position (what the compute stream waits for before it reads the chunk's rows again, where
+    the block runs on the side stream)."""
 
-    def __init__(self, issue):
-        self._issue = issue
+    def __init__(self, issue, key: int = 0):
+        self._issue, self.key = issue, key
         self.out = Lazy(self)
         self._ops: list[tuple[Lazy, object, tuple]] = []
 

@@ -142,6 +142,10 @@ class GpuEngine(MoeBlock):
         # a layer-major chunk's MoE block waits for the next chunk's dense part (deferred.py): _defer while the
         # model code runs such a chunk, _deferred the block waiting; defer_blocks=False issues each in place
         self.defer_blocks, self._defer, self._deferred = True, False, None
+        # ... and is issued on the device's side stream, beside the next chunks' dense parts (moe_block._beside;
+        # qwen3's quarter cache 1.19x at 8K, bench/results/h200/ab_side_q8_stop40.log): _side_ends, the blocks the
+        # compute stream has not waited for yet, (chunk position, end event, block); side_blocks=False: on compute
+        self.side_blocks, self._side_ends = True, []
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
         if self.cpu_block is not None and self.share.on and self.cpu_block.auto:
             self._prime_share()

@@ -247,9 +247,10 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                     # a chunk's MoE block waits for the next chunk's dense part (deferred.py): the next layer's
                     # first chunk's for a layer's last; the prompt's last block runs in place
                     eng._defer = eng.defer_blocks and not (adm.last and layer + 1 == c.n_layer)
+                    eng.join_side(pos0 + a)      # the chunk's rows from its block of the layer before
                     y = eng.model.forward_block(eng.ops, xs[a:b], layer, np.arange(pos0 + a, pos0 + b))
-                    if isinstance(y, Lazy):
-                        y.block.then(k.copy, xs[a:b], y, dev.compute)
+                    if isinstance(y, Lazy):          # on the stream the block runs on (dev.compute as it issues)
+                        y.block.then(lambda dst, src: k.copy(dst, src, dev.compute), xs[a:b], y)
                     else:
                         k.copy(xs[a:b], y, dev.compute)
                     if layer + 1 < c.n_layer and j + 1 < len(spans):
@@ -263,6 +264,7 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
                     eng._deferred.then(ended)
                 else:
                     ended()
+            eng.join_side()
             # every chunk's logits as the chunk-by-chunk engine takes them (a head over a chunk's rows: the head's
             # product over other row counts is another GEMM shape, with other bits), or the last token's
             logits = [head(eng.ops, c, xs[a:b]) for a, b in spans] if all_logits else [head(eng.ops, c, xs[T - 1:T])]
@@ -272,6 +274,7 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
         ok = True
     finally:
         eng._defer, eng._deferred = False, None
+        eng.join_side()
         eng.pos, eng.n_chunks = pos0 + (T if ok else 0), chunk0 + (len(spans) if ok else 0)
         ev = dev.event(timing=False)
         ev.record(dev.compute)

@@ -25,10 +25,43 @@ class MoeBlock:
         part; with `_defer` set this one waits in turn, and its output is a deferred.Lazy."""
         waiting, self._deferred = self._deferred, None
         if waiting is not None:
-            waiting.resolve()
+            if self.side_blocks:
+                self._beside(waiting)
+            else:
+                waiting.resolve()
         if self._defer:
             return self._defer_block(h, layer, ids_dev, w_dev, out)
+        self.join_side()                    # a block in place reuses the buffers the side stream's blocks use
         return self._block(h, layer, ids_dev, w_dev, out)
+
+    def _beside(self, waiting) -> None:
+        """Issue a deferred block on the side stream, behind its chunk's routing (the sync event): the GPU runs it
+        beside the compute stream's dense parts of the chunks after it, which do not read it. Every launch, table
+        and event of the block (and of the ops recorded on it) goes where `dev.compute` points while it issues;
+        CuPy's own allocations come from the side stream's pool arena. The compute stream waits for the block
+        (join_side) before it reads the chunk's rows again; until then the block keeps what it reads alive, so no
+        allocation of the compute stream takes that memory."""
+        dev = self.dev
+        main, side = dev.compute, dev.side
+        side.wait(self.sync_ev)
+        dev.compute = side
+        try:
+            with dev.on(side):
+                waiting.resolve()
+        finally:
+            dev.compute = main
+        end = dev.event(timing=False)
+        end.record(side)
+        self._side_ends.append((waiting.key, end, waiting))
+
+    def join_side(self, key: int | None = None) -> None:
+        """The compute stream waits for the side stream's block of the chunk at position `key` (and every block
+        issued before it: the side stream runs them in order); key None: for all of them."""
+        ends = self._side_ends
+        upto = len(ends) if key is None else next((i + 1 for i, (k, _, _) in enumerate(ends) if k == key), 0)
+        if upto:
+            self.dev.compute.wait(ends[upto - 1][1])
+            del ends[:upto]
 
     def _defer_block(self, h, layer: int, ids_dev, w_dev, out):
         """The routing's download and the sync event now; the rest when the next chunk's block starts. The next
@@ -36,9 +69,9 @@ class MoeBlock:
         assert not self._decode and not (self.cpu_block is not None and self._shareable and self.share.on)
         s, T = self.dev.compute, h.shape[0]
         self.dev.d2h(self.ids_host[:T * self.cfg.n_expert_used], ids_dev, s)
-        self.sync_ev.record(s)
         w = self.dev.empty(w_dev.shape, w_dev.dtype)
         self.k.copy(w, w_dev, s)
+        self.sync_ev.record(s)                 # after the weights' copy: a block on the side stream waits for it
         # what the block reads of its chunk's state: a routing trace's chunk and position, the admissions' last
         adm = self._admissions
         state = self.pos, self.n_chunks, adm.last if adm is not None else None
@@ -54,7 +87,7 @@ class MoeBlock:
                 self.pos, self.n_chunks, last = now
                 if adm is not None:
                     adm.last = last
-        self._deferred = DeferredBlock(issue)
+        self._deferred = DeferredBlock(issue, self.pos)
         return self._deferred.out
 
     def _block(self, h, layer: int, ids_dev, w_dev, out=None):

@@ -58,6 +58,7 @@ class Device(abc.ABC):
     xp: object           # the array module of device arrays
     compute: Stream
     copy: Stream
+    side: Stream         # a second compute stream: a layer-major prompt's deferred MoE blocks (moe_block.py)
     link_gbps: float | None = None   # an emulated host->device link (emulate_link); None = the real one
     _bump: "Bump | None" = None      # the open segment's allocator (begin_segment)
 
@@ -138,8 +139,8 @@ class Device(abc.ABC):
         host thread writes it: the CPU pool's count of finished tiles), without blocking the caller."""
 
     def synchronize(self) -> None:
-        self.compute.synchronize()
-        self.copy.synchronize()
+        for s in (self.compute, self.side, self.copy):
+            s.synchronize()
 
     @abc.abstractmethod
     def on(self, stream: Stream):

@@ -130,6 +130,7 @@ class CudaDevice(Device):
         props = cp.cuda.runtime.getDeviceProperties(device_id)
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.compute = CudaStream(cp, "compute")
+        self.side = CudaStream(cp, "side")
         self.copy = CudaStream(cp, "copy")
         self.pool = cp.get_default_memory_pool()
         free, total = cp.cuda.runtime.memGetInfo()
@@ -309,7 +310,7 @@ class CudaDevice(Device):
         return CudaEvent(self.cp, timing)
 
     def synchronize(self) -> None:
-        for s in (self.compute, self.copy):
+        for s in (self.compute, self.side, self.copy):
             s.synchronize()
 
     def close(self) -> None:

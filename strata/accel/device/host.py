@@ -113,6 +113,7 @@ class HostDevice(Device):
         self._total = total_bytes
         self.delay_s = delay_s
         self.compute = HostStream("compute", inline=True)
+        self.side = HostStream("side")        # a thread of its own: a wait missing between it and compute shows
         self.copy = HostStream("copy")
         self.k = HostKernels(self)
 
@@ -185,11 +186,11 @@ class HostDevice(Device):
         return contextlib.nullcontext()
 
     def synchronize(self):
-        for s in (self.compute, self.copy):
+        for s in (self.compute, self.side, self.copy):
             s.synchronize()
 
     def close(self):
-        for s in (self.compute, self.copy):
+        for s in (self.compute, self.side, self.copy):
             s.close()
 
 

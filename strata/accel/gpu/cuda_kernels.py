@@ -22,6 +22,7 @@ from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
 
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
+SIDE_STAGING_BYTES = 4 << 20        # the side stream's own (a layer's tables are ~100 KB at 1,280 tokens)
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
 GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
@@ -107,6 +108,9 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
         big_smem(self.fn["gemm_grouped_mma128"])
         self.staging = _Staging(dev, STAGING_BYTES)
+        # the side stream's tables (moe_block.py's blocks beside the compute stream) take a ring of their own: a
+        # ring's device bytes are written again only behind the kernels that read them on the same stream
+        self.side_staging = _Staging(dev, SIDE_STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rfn, self._dfn = {}, {}                            # rows_kernels.cu's by type, decode_kernels.cu's
         self._init_attention()
@@ -128,24 +132,28 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         experts (stop 21's embedding A/B: 2-4% of a stream-all prompt for layer 0's rows alone)."""
         host = np.ascontiguousarray(host)
         off = self._pull(host, stream)
-        return self.staging.dbuf[off:off + host.nbytes].view(host.dtype).reshape(host.shape)
+        return self._st(stream).dbuf[off:off + host.nbytes].view(host.dtype).reshape(host.shape)
+
+    def _st(self, stream) -> _Staging:
+        """The staging ring of the stream whose kernels read the tables."""
+        return self.side_staging if stream is self.dev.side else self.staging
 
     def _pull(self, host: np.ndarray, stream) -> int:
         """`upload`'s copy, by offsets alone: host (contiguous) lands at dbuf[off:], off returned. No CuPy view is
         made (each costs ~10 us of a host-bound prompt layer's time; layer_tables wants the address only)."""
-        off = self.staging.put(host)
+        off = self._st(stream).put(host)
         self._send(off, host.nbytes, stream)
         return off
 
-    def _room(self, nbytes: int) -> tuple[int, np.ndarray]:
-        """Room for up to `nbytes` in the pinned staging ring, to be written in place: (offset, its bytes)."""
-        st = self.staging
+    def _room(self, nbytes: int, stream) -> tuple[int, np.ndarray]:
+        """Room for up to `nbytes` in `stream`'s pinned staging ring, to be written in place: (offset, its bytes)."""
+        st = self._st(stream)
         off = st.reserve(nbytes)
         return off, st.buf[off:off + nbytes]
 
     def _send(self, off: int, nbytes: int, stream) -> None:
         """The staging ring's bytes [off, off + nbytes), written, to the device twin: the pull kernel on `stream`."""
-        st = self.staging
+        st = self._st(stream)
         st.take(off, nbytes)
         n16 = -(-max(nbytes, 1) // 16)             # regions are 256-byte aligned and padded: whole uint4s
         self._pull_words(np.uint64(st.dbase + off), np.uint64(st.base + off), n16, stream)
@@ -197,11 +205,11 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         # packed straight into the staging ring's pinned bytes: a packed array of its own (~100 KB at 1,280 tokens,
         # with the row tables) cost an allocation and a second copy, ~35 us a layer (lines_q8_stop33.log)
         off, room = self._room(pack_bound(W, idx_all.size, int(starts[-1] + cnt[-1]) if cnt.size else 0,
-                                          slot.size, src.size))
+                                          slot.size, src.size), stream)
         used, at, lens, n_many, s_at, r_at = pack_layer(
             cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src, room)
         self._send(off, used, stream)
-        dev = self.staging.dbase + off
+        dev = self._st(stream).dbase + off
         # per set: (W pointer tables, tiles table) as (address, length) tuples, then its tile count
         tabs = [tuple(zip(a, (n,) * W + (nt,))) + (nt,) for a, (n, nt) in zip((at + np.uint64(dev)).tolist(),
                                                                               lens.tolist())]
