@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 import time
 
-from strata import models
 
 
 def _note(msg: str) -> None:
