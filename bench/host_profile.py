@@ -1,6 +1,6 @@
 """Where the GPU engine's host time goes: cProfile of prompt chunks and decode steps with a quarter-size cache.
 
-python bench/host_profile.py --model X.gguf [--prompt 250] [--decode 16] [--top 35]
+python bench/host_profile.py --model X.gguf [--prompt 250] [--decode 16] [--ctx 8200] [--top 35]
 
 Prints, per phase, wall time, the host time blocked in routing syncs, and the functions with the most own time
 (Python plus the CuPy calls they make). Speed is for bench/prefill.py; this says what to make faster.
@@ -24,7 +24,9 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--cache-frac", type=float, default=0.25)
     ap.add_argument("--prompt", type=int, default=250)
-    ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=16, help="decode steps to profile (0: none)")
+    ap.add_argument("--ctx", type=int, default=8200, help="context: bench/prefill.py's, whose plan (chunk, loan) "
+                                                          "decides the prompt's walk")
     ap.add_argument("--top", type=int, default=35)
     ap.add_argument("--sort", default="tottime", help="pstats keys, comma-separated: one listing each")
     a = ap.parse_args()
@@ -39,7 +41,7 @@ def main():
     c = m.cfg
     dev = CudaDevice()
     log = lambda s: print(s, file=sys.stderr)
-    n_ctx = a.prompt + a.decode + 72
+    n_ctx = max(a.ctx, a.prompt + a.decode + 72)
     budget = budget_holding(m, n_ctx, int(a.cache_frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev, log=log)
     pool = ExpertPool(workers=max(1, default_workers() - 1))
@@ -50,7 +52,7 @@ def main():
     for _ in range(2):                                            # warm-up
         eng.reset()
         eng.prefill(prompt)
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "decode") if a.decode else ("prefill",):
         pr = cProfile.Profile()
         w0 = eng.stats.sync_wait_s
         t0 = time.perf_counter()
