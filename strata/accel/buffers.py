@@ -122,9 +122,11 @@ def carve_prompt(cfg, chunk: int, n_ctx: int, group: int, ring: int, slot_bytes:
 
 def temp_bytes(cfg, cap: int) -> int:
     """Peak step temporaries of the dense ops (x, h, q, k, v, attention out, projections, sums: ~8 live
-    [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output logits."""
+    [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output logits; and what a deferred MoE
+    block takes from the side stream's pool arena (moe_block._beside), which the compute stream's freed blocks
+    cannot serve: its output and the adds recorded on it (the shared expert's, the residual's), 3 [T, D] float32."""
     width = max(cfg.n_embd, cfg.n_q, 2 * cfg.n_ff_shexp)
-    return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4
+    return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4 + 3 * cap * cfg.n_embd * 4
 
 
 SEGMENT_ALLOCS = 64     # more allocations than any segment makes: each may waste ALIGN bytes
