@@ -18,7 +18,6 @@ import numpy as np
 from strata import models
 from strata.reference.engine import RefEngine
 from strata.reference.linalg import Path
-from strata.sampling import GREEDY
 from strata.tokenizer import Tokenizer
 
 GOLDEN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")

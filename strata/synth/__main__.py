@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time
