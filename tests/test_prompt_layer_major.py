@@ -243,6 +243,18 @@ def test_chunks_the_cpu_shares_stay_chunk_by_chunk():
         dev.close()
 
 
+def counting(obj, attr: str) -> list:
+    """Replace obj.<attr> by a wrapper that counts its calls; returns the counter, a one-element list."""
+    fn, n = getattr(obj, attr), [0]
+
+    def counted(*a, **kw):
+        n[0] += 1
+        return fn(*a, **kw)
+
+    setattr(obj, attr, counted)
+    return n
+
+
 @pytest.mark.parametrize("kind", _devices())
 @pytest.mark.parametrize("name", golden.golden_models())
 def test_deferred_blocks_keep_the_bits(kind, name, monkeypatch):
@@ -257,13 +269,7 @@ def test_deferred_blocks_keep_the_bits(kind, name, monkeypatch):
         with device_of(kind) as dev:
             e = _engine(m, dev, True)
             e.defer_blocks = defer
-            block, n = e._defer_block, [0]
-
-            def counted(*a, **kw):
-                n[0] += 1
-                return block(*a, **kw)
-
-            e._defer_block = counted
+            n = counting(e, "_defer_block")
             # each chunk's routing sync sees its own chunk's state: the admissions' `last` (a layer's last chunk
             # frees the layer's slots for the next one) true for the third chunk of each layer only
             lasts, order = [], []

@@ -10,7 +10,7 @@ import pytest
 from strata import models
 from strata.reference import golden
 from tests.test_accel_engine import _devices, device_of, prefill_each
-from tests.test_prompt_layer_major import _engine, _prompts
+from tests.test_prompt_layer_major import _engine, _prompts, counting
 
 
 @pytest.mark.parametrize("kind", _devices())
@@ -22,13 +22,7 @@ def test_side_stream_blocks_keep_the_bits(kind, name):
         with device_of(kind) as dev:
             e = _engine(m, dev, True)
             e.side_blocks = side
-            issue, n = e._beside, [0]
-
-            def counted(waiting):
-                n[0] += 1
-                return issue(waiting)
-
-            e._beside = counted
+            n = counting(e, "_beside")
             outs[side] = prefill_each(e, _prompts(m.cfg.n_vocab), all_logits=True)
             beside[side] = n[0]
             assert not e._side_ends and dev.compute is not dev.side
