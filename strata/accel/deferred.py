@@ -36,15 +36,29 @@ class DeferredBlock:
     def __init__(self, issue, key: int = 0):
         self._issue, self.key = issue, key
         self.out = Lazy(self)
-        self._ops: list[tuple[Lazy, object, tuple]] = []
+        self._ops: list[tuple[Lazy, object, tuple]] | None = []
+        self.reads = None
 
     def then(self, fn, *args) -> Lazy:
         """Record fn(*args) (Lazy args: their values) to run after the block; its result as a Lazy."""
+        assert self._ops is not None, "an op recorded on a deferred block that has run: it would never run"
         node = Lazy(self)
         self._ops.append((node, fn, args))
         return node
 
     def resolve(self) -> None:
-        self.out.value = self._issue()
-        for node, fn, args in self._ops:
-            node.value = fn(*(a.value if isinstance(a, Lazy) else a for a in args))
+        """Run the block and the ops recorded on it, then let go of them: the block and its Lazy values refer to
+        each other, and a cycle frees its arrays (the block's inputs, outputs, temporaries) only when Python's
+        cyclic collector happens to run: on the GPU they stay in the memory pool's use meanwhile, past what the
+        memory plan prices (tests/test_no_cycles.py)."""
+        issue, ops = self._issue, self._ops
+        self._issue = self._ops = None
+        out, self.out = self.out, None
+        out.value = issue()
+        kept = []
+        for node, fn, args in ops:
+            kept.append(tuple(a.value if isinstance(a, Lazy) else a for a in args))
+            node.value = fn(*kept[-1])
+        # what the block and its ops read, with no Lazy among it (no cycle): alive while the block is, which the
+        # side stream's join keeps until the compute stream has waited for the block (moe_block._beside)
+        self.reads = (issue, kept)
