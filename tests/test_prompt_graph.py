@@ -64,7 +64,12 @@ def test_replayed_segments_give_the_eager_bits(kind, name):
 @pytest.mark.parametrize("name", golden.golden_models())
 def test_padded_segments_keep_the_unpadded_bits_on_the_twin(name):
     """On the host twin, whose products are row by row, padding a chunk to 64 rows changes no bit: prompts of
-    several chunks (the last one short) on both walks, graphs against none."""
+    several chunks (the last one short) on both walks, graphs against none. The twin's GEMMs pad their rows to
+    PAD_ROWS (a BLAS's rows may take other bits with the row count), which a padded segment's rows must match."""
+    from strata.accel.gpu.host_kernels import PAD_ROWS
+    from strata.accel.prompt_graph import BUCKET
+
+    assert PAD_ROWS % BUCKET == 0
     m = models.load(golden.model_path(name))
     ids = _prompt(m, 2 * CHUNK + 21, 5)
     for stream_min in (None, 0):

@@ -11,6 +11,7 @@ from strata.accel.gpu.kernels import BlobRef, Kernels
 from strata.reference.linalg import weight_rows
 
 F16, F32 = np.float16, np.float32
+PAD_ROWS = 64       # the twin's GEMM rows: a multiple of prompt_graph.BUCKET (test_prompt_graph checks)
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -135,7 +136,18 @@ class HostKernels(Kernels):
 
     def linear(self, out, x, w, stream, bias=None):
         def run():
-            y = x.astype(F16).astype(F32) @ w.astype(F32).T
+            # a prompt's product over its rows padded to a multiple of 64, as a padded prompt segment's
+            # (prompt_graph.py): a GEMM's rows may take other bits with the row count (OpenBLAS's sgemm on an AMD
+            # EPYC: 41 rows against the same 41 of 64), and a padded segment must keep the unpadded bits on the
+            # twin. One row stays a GEMV: each output its own dot product, whatever the matrix's height (a decode
+            # step's fused q|k|v keeps the bits of three)
+            T = x.shape[0]
+            if T == 1:
+                y = x.astype(F16).astype(F32) @ w.astype(F32).T
+            else:
+                xp = np.zeros((-(-T // PAD_ROWS) * PAD_ROWS, x.shape[1]), F32)
+                xp[:T] = x.astype(F16)
+                y = (xp @ w.astype(F32).T)[:T]
             out[...] = y if bias is None else y + bias
 
         self._run(stream, run)
