@@ -2,11 +2,13 @@
 (accel/deferred.py, the default) against each block issued in place (the engine's defer_blocks off); or, with
 `side`, the deferred blocks on the device's side stream (moe_block._beside) against on the compute stream; or, with
 `rows`, the prompt attention's blocks chosen by cuda_attn.attn_block_rows (128 rows late in a long prompt) against
-64-row blocks everywhere (what it chose for the quarter cache's chunks before stop 39). Arms alternating, the
+64-row blocks everywhere (what it chose for the quarter cache's chunks before stop 39); or, with `pendingN`, at most N
+side-stream blocks the compute stream has not waited for (the engine's side_pending) against no bound (before stop
+42). Arms alternating, the
 quarter cache of bench/prefill.py, the CPU share off; logits compared bit for bit; the host's time blocked in
 routing syncs per arm. CUDA only.
 
-python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS [defer|side|rows]"""
+python bench/defer_ab.py MODEL.gguf 2048,8192 ROUNDS [defer|side|rows|pendingN]"""
 import sys, numpy as np
 
 from prefill import quarter_engines, timed_prompt, warm      # bench/prefill.py
@@ -23,6 +25,8 @@ def arm(new: bool):
         e.defer_blocks = new
     elif what == "side":
         e.side_blocks = new
+    elif what.startswith("pending"):
+        e.side_pending = int(what[7:]) if new else 1 << 30
     else:
         dev.k.attn_rows = None if new else 64
 
@@ -31,6 +35,7 @@ for on in (False, True):
     arm(on)
     warm((e,), lengths, rng, c.n_vocab)
 names = {"defer": "old = blocks in place, new = deferred", "side": "old = deferred blocks on the compute stream, new = on the side stream", "rows": "old = 64-row attention blocks, new = attn_block_rows"}
+names.setdefault(what, f"old = side-stream blocks unbounded, new = at most {what[7:]} in flight")
 print(f"{path}: quarter cache {e.plan.cache_slots} slots (chunk {e.plan.chunk}); {names[what]}; {rounds} rounds, arms alternating; medians", flush=True)
 for L in lengths:
     t = {"old": [], "new": []}; w = {"old": [], "new": []}; same = True

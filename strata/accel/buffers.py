@@ -120,13 +120,20 @@ def carve_prompt(cfg, chunk: int, n_ctx: int, group: int, ring: int, slot_bytes:
     return bufs, carver.take((ring, slot_bytes), np.uint8)
 
 
+SIDE_PENDING = 2        # deferred blocks on the side stream that the compute stream has not waited for, at most
+
+
 def temp_bytes(cfg, cap: int) -> int:
-    """Peak step temporaries of the dense ops (x, h, q, k, v, attention out, projections, sums: ~8 live
-    [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output logits; and what a deferred MoE
-    block takes from the side stream's pool arena (moe_block._beside), which the compute stream's freed blocks
-    cannot serve: its output and the adds recorded on it (the shared expert's, the residual's), 3 [T, D] float32."""
+    """Peak step temporaries of a chunk of `cap` tokens in the memory pool: the dense ops' (x, h, q, k, v, attention
+    out, projections, sums: ~8 live [T, max(D, H·hd)] float32 arrays) plus the router logits and one row of output
+    logits; what deferred MoE blocks keep (deferred.py: each its input and the residual its add reads, 2 [T, D]
+    float32, for the block waiting and the SIDE_PENDING ones on the side stream); and the side stream's own pool
+    arena, which the compute stream's freed blocks cannot serve (moe_block._beside): a block's output and the adds
+    recorded on it, 3 [T, D]. On the H200 an 8K layer-major prompt of qwen3-30b-a3b's quarter cache (chunks of
+    1,166) grew the pool by 166.0 MiB, 123.6 MiB of it live at once (bench/results/h200/pool_growth_q8_stop42.log)."""
     width = max(cfg.n_embd, cfg.n_q, 2 * cfg.n_ff_shexp)
-    return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4 + 3 * cap * cfg.n_embd * 4
+    kept = 2 * (SIDE_PENDING + 1) + 3
+    return 8 * cap * width * 4 + cap * cfg.n_expert * 4 + cfg.n_vocab * 4 + kept * cap * cfg.n_embd * 4
 
 
 SEGMENT_ALLOCS = 64     # more allocations than any segment makes: each may waste ALIGN bytes

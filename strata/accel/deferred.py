@@ -55,10 +55,9 @@ class DeferredBlock:
         self._issue = self._ops = None
         out, self.out = self.out, None
         out.value = issue()
-        kept = []
         for node, fn, args in ops:
-            kept.append(tuple(a.value if isinstance(a, Lazy) else a for a in args))
-            node.value = fn(*kept[-1])
-        # what the block and its ops read, with no Lazy among it (no cycle): alive while the block is, which the
-        # side stream's join keeps until the compute stream has waited for the block (moe_block._beside)
-        self.reads = (issue, kept)
+            node.value = fn(*(a.value if isinstance(a, Lazy) else a for a in args))
+        # what the block and its ops read that others made (its inputs, the residual): alive while the block is,
+        # which the side stream's join keeps until the compute stream has waited for it (moe_block._beside). Not the
+        # Lazy values: the block made them on its own stream, whose later allocations come after its reads
+        self.reads = (issue, [a for _, _, args in ops for a in args if not isinstance(a, Lazy)])

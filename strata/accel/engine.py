@@ -16,7 +16,7 @@ import numpy as np
 from strata import policy
 from strata.accel import layer_major, prompt_graph
 from strata.accel.arena import PROGRESS_BYTES, Arena
-from strata.accel.buffers import Carver, attn_scratch_bytes, carve, carve_prompt
+from strata.accel.buffers import SIDE_PENDING, Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
 from strata.accel.memplan import DECODE_SCRATCH, GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
@@ -144,8 +144,9 @@ class GpuEngine(MoeBlock):
         self.defer_blocks, self._defer, self._deferred = True, False, None
         # ... and is issued on the device's side stream, beside the next chunks' dense parts (moe_block._beside;
         # qwen3's quarter cache 1.19x at 8K, bench/results/h200/ab_side_q8_stop40.log): _side_ends, the blocks the
-        # compute stream has not waited for yet, (chunk position, end event, block); side_blocks=False: on compute
-        self.side_blocks, self._side_ends = True, []
+        # compute stream has not waited for yet, (chunk position, end event, block); side_blocks=False: on compute.
+        # At most side_pending of them: each keeps its inputs (2 [T, D] f32), priced by buffers.temp_bytes
+        self.side_blocks, self._side_ends, self.side_pending = True, [], SIDE_PENDING
         self.h2d_gbps = self._probe_h2d()      # the decode cost model's PCIe side
         if self.cpu_block is not None and self.share.on and self.cpu_block.auto:
             self._prime_share()

@@ -52,7 +52,12 @@ class MoeBlock:
             dev.compute = main
         end = dev.event(timing=False)
         end.record(side)
-        self._side_ends.append((waiting.key, end, waiting))
+        ends = self._side_ends
+        ends.append((waiting.key, end, waiting))
+        if len(ends) > self.side_pending:
+            # what the blocks keep is bounded: the compute stream waits for the oldest, and lets go of its inputs
+            self.dev.compute.wait(ends[-self.side_pending - 1][1])
+            del ends[:-self.side_pending]
 
     def join_side(self, key: int | None = None) -> None:
         """The compute stream waits for the side stream's block of the chunk at position `key` (and every block
