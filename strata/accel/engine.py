@@ -8,6 +8,7 @@ SegmentOps) and calls back into `moe()` (moe_block.py) for the routed experts.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -19,7 +20,8 @@ from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import SIDE_PENDING, Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
-from strata.accel.memplan import DECODE_SCRATCH, GROUP, MAXT, PROMPT_GROUPS, MemoryPlan, plan_memory
+from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUPS, MemoryPlan, VramShortfall,
+                                  plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
 from strata.accel.stream import Ring, Walk
@@ -224,7 +226,24 @@ class GpuEngine(MoeBlock):
 
     def prefill(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Process a prompt in planned chunks; logits of the last token [V] (or of every token [T, V])."""
-        tokens = list(tokens)
+        with self._vram("prompt"):
+            return self._prefill(list(tokens), all_logits)
+
+    @contextlib.contextmanager
+    def _vram(self, what: str):
+        """Out of device memory inside a step: a VramShortfall that says what the plan left and what is free now
+        (the step's own cleanup has run: the loan given back, the cache's residents restored)."""
+        try:
+            yield
+        except self.dev.OutOfMemory as e:
+            p = self.plan
+            raise VramShortfall(
+                f"out of VRAM in a {what} ({e}): the plan left {p.decode / MIB:,.0f} MiB for decode buffers and a "
+                f"step's temporaries within a budget of {p.budget / MIB:,.0f} MiB, and {self.dev.free_bytes() / MIB:,.0f}"
+                f" MiB are free now. Something else on the device took memory after the engine planned (lower "
+                f"--vram-budget, or free the device), or the plan under-prices this step (please report it)") from e
+
+    def _prefill(self, tokens: list[int], all_logits: bool) -> np.ndarray:
         self._fits(len(tokens))
         t0 = time.perf_counter()
         major = self._layer_major(len(tokens))
@@ -283,7 +302,10 @@ class GpuEngine(MoeBlock):
 
     def decode(self, tokens) -> np.ndarray:
         """One decode round of up to MAXT tokens: logits of each [T, V]."""
-        tokens = list(tokens)
+        with self._vram("decode step"):
+            return self._decode_round(list(tokens))
+
+    def _decode_round(self, tokens: list[int]) -> np.ndarray:
         assert 1 <= len(tokens) <= MAXT, f"a decode round carries 1..{MAXT} tokens"
         self._fits(len(tokens))
         t0 = time.perf_counter()
@@ -448,3 +470,4 @@ class GpuEngine(MoeBlock):
         self.pos += T
         self.n_chunks += 1
         return None if logits is None else self.dev.tohost(logits)
+

@@ -76,6 +76,8 @@ class Device(abc.ABC):
         return None
 
     # --- memory -----------------------------------------------------------------------------------------
+    OutOfMemory: type = MemoryError      # what an allocation past the device's memory (or its budget) raises
+
     @abc.abstractmethod
     def empty(self, shape, dtype) -> object: ...
 

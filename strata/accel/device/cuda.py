@@ -136,6 +136,7 @@ class CudaDevice(Device):
         free, total = cp.cuda.runtime.memGetInfo()
         self._total = total
         self.budget = budget_bytes
+        self.OutOfMemory = cp.cuda.memory.OutOfMemoryError
         if budget_bytes:
             self.pool.set_limit(size=int(budget_bytes))   # allocations past the budget fail like a full card
         from strata.accel.gpu.cuda_kernels import CudaKernels
