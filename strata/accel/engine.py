@@ -470,4 +470,3 @@ class GpuEngine(MoeBlock):
         self.pos += T
         self.n_chunks += 1
         return None if logits is None else self.dev.tohost(logits)
-
