@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+import prefill as prefill_mod
 from prefill import h2d_gbps, quarter_engines, timed_prompt, warm      # bench/prefill.py
 from strata.accel import cache as cache_mod
 
@@ -29,13 +30,7 @@ orders = {"old": uniform, "new": front}
 
 
 def refill(md):
-    dev.synchronize()
-    ch = e.cache
-    ch.poll()
-    assert ch.lent == 0 and not ch._pending
-    ch.slot_of[:] = -1
-    ch.owner = [None] * ch.n_slots
-    ch.fill(orders[md], arena)
+    prefill_mod.refill(dev, e, arena, orders[md])
 
 
 def decode(n=16):

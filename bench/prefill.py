@@ -91,6 +91,18 @@ def quarter_engines(path: str, n: int, n_ctx: int = 8200):
                            for _ in range(n)]
 
 
+def refill(dev, e, arena, order) -> None:
+    """Empty e's expert cache and fill it again from `order` (cache.fill: its first usable pairs, slots by layer),
+    once nothing is in flight: the fill A/B scripts' arms."""
+    dev.synchronize()
+    ch = e.cache
+    ch.poll()
+    assert ch.lent == 0 and not ch._pending
+    ch.slot_of[:] = -1
+    ch.owner = [None] * ch.n_slots
+    ch.fill(order, arena)
+
+
 def timed_prompt(dev, e, tokens) -> tuple[float, np.ndarray, float, float]:
     """One prompt from an idle device: (ms until prefill returns, its logits, ms more until the device is idle
     (the refill of the lent slots), MB streamed)."""

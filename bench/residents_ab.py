@@ -9,7 +9,7 @@ python bench/residents_ab.py MODEL.gguf 250,600,900 ROUNDS"""
 import sys, numpy as np
 from strata.accel import cache as cache_mod
 
-from prefill import h2d_gbps, quarter_engines, timed_prompt, warm      # bench/prefill.py
+from prefill import h2d_gbps, quarter_engines, refill, timed_prompt, warm      # bench/prefill.py
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 dev, m, arena, (e,) = quarter_engines(path, 1)
@@ -20,14 +20,11 @@ by_layer = cache_mod.by_layer
 
 def layout(md):
     """Refill the cache with the same residents in arm md's slots."""
-    dev.synchronize()
-    ch = e.cache
-    ch.poll()
-    assert ch.lent == 0 and not ch._pending
-    ch.slot_of[:] = -1
-    ch.owner = [None] * ch.n_slots
     cache_mod.by_layer = by_layer if md == "new" else (lambda pairs: list(pairs))
-    ch.fill(order, arena)
+    try:
+        refill(dev, e, arena, order)
+    finally:
+        cache_mod.by_layer = by_layer
     cache_mod.by_layer = by_layer
 
 
