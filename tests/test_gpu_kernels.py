@@ -255,14 +255,19 @@ def test_linear(devs, T, K):
 
 
 @pytest.mark.parametrize("T,H,Hkv,hd,n_rot,neox", [(1, 32, 4, 128, 128, True), (3, 8, 2, 64, 32, False),
-                                                  (5, 4, 4, 256, 256, True)])
+                                                  (5, 4, 4, 256, 256, True), (300, 32, 4, 128, 128, True),
+                                                  (7, 5, 2, 80, 64, False), (2, 3, 1, 512, 512, True),
+                                                  (1025, 3, 1, 64, 64, False), (1100, 3, 1, 512, 512, True),
+                                                  (1030, 3, 1, 80, 64, False)])
 def test_norm_rope_gives_rms_norm_then_rope_bits(devs, T, H, Hkv, hd, n_rot, neox):
-    """norm_rope (one launch) against rms_norm then rope on each of q and k: the same bits, on CUDA."""
+    """norm_rope (one launch) against rms_norm then rope on each of q and k: the same bits, on CUDA. Both kernels: a
+    block a head (fewer than cuda_kernels.NR_MANY heads) and a warp a head (from NR_MANY; 1,025 tokens of 4 heads
+    leave the last block half empty), head sizes up to and past block_sum's 256 threads."""
     c, _ = devs
     rng = np.random.default_rng(hd + T)
     q, k = (rng.standard_normal((T, n, hd)).astype(np.float32) * 3 for n in (H, Hkv))
     wq, wk = (rng.standard_normal(hd).astype(np.float32) for _ in range(2))
-    cos, sin = (rng.standard_normal((64, n_rot // 2)).astype(np.float32) for _ in range(2))
+    cos, sin = (rng.standard_normal((7 + T, n_rot // 2)).astype(np.float32) for _ in range(2))
     pos = np.arange(7, 7 + T, dtype=np.int32)
     d = {n: c.asarray(a) for n, a in dict(q=q, k=k, wq=wq, wk=wk, cos=cos, sin=sin, pos=pos).items()}
     two = [c.zeros(q.shape, np.float32), c.zeros(k.shape, np.float32)]

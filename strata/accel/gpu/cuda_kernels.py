@@ -24,6 +24,8 @@ from strata.accel.rows_host import pack_bound, pack_layer
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
 SIDE_STAGING_BYTES = 4 << 20        # the side stream's own (a layer's tables are ~100 KB at 1,280 tokens)
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
+NR_WARPS = 8                        # norm_rope_warp's heads (warps) a block
+NR_MANY = 4096                      # heads from which norm_rope_warp (a prompt's; a decode token's 36 take norm_rope)
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
 GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
 BIG_BM = 128                        # gemm_grouped_mma128's row tile (mma.cuh BM_BIG)
@@ -102,8 +104,8 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.mod = self.mods.get("engine")
         self.fn = {name: self.mod.get_function(name) for name in (
             "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine",
-            "rms_norm", "rope", "kv_store", "norm_rope", "router_topk", "attn_qperm", "attn_softmax", "attn_operm",
-            "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32", "add_bias_f32")}
+            "rms_norm", "rope", "kv_store", "norm_rope", "norm_rope_warp", "router_topk", "attn_qperm", "attn_softmax",
+            "attn_operm", "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32", "add_bias_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
         big_smem(self.fn["gemm_grouped_mma128"])
@@ -387,10 +389,17 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         Hkv = k.shape[1]
         assert all(a.flags.c_contiguous and a.dtype == np.float32 for a in (qo, ko, q, k, wq, wk))
         assert qo.shape == q.shape and ko.shape == k.shape and k.shape[0] == T and wq.size == wk.size == hd
-        # 256 threads a block, as rms_norm's: its block_sum, so the same sum of squares
-        self.fn["norm_rope"]((T * (H + Hkv),), (256,), (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos,
-                                                      np.int32(H), np.int32(Hkv), np.int32(hd), np.int32(n_rot),
-                                                      np.int32(bool(neox))), stream=stream.s, shared_mem=hd * 4)
+        n = T * (H + Hkv)
+        if n < NR_MANY:      # a block a head, 256 threads as rms_norm's: its block_sum, so the same sum of squares
+            self.fn["norm_rope"]((n,), (256,), (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos, np.int32(H),
+                                                np.int32(Hkv), np.int32(hd), np.int32(n_rot), np.int32(bool(neox))),
+                                 stream=stream.s, shared_mem=hd * 4)
+            return
+        # a warp a head, 8 a block: that block_sum replayed in a warp (the same bits)
+        self.fn["norm_rope_warp"]((-(-n // NR_WARPS),), (32 * NR_WARPS,),
+                                  (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos, np.int32(T), np.int32(H),
+                                   np.int32(Hkv), np.int32(hd), np.int32(n_rot), np.int32(bool(neox))),
+                                  stream=stream.s, shared_mem=NR_WARPS * hd * 4)
 
     def kv_store(self, kc, vc, k, v, pos0, stream):
         n = k.size

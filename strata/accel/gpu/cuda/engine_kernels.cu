@@ -205,7 +205,8 @@ extern "C" __global__ void rope(float* x, const float* cs, const float* sn, cons
 
 // qwen3's per-head q/k RMSNorm then RoPE in one launch (four before: a decode token ran them as its layer's
 // smallest kernels): block (t, j) takes head j of token t, j < H of q, else of k. The norm is rms_norm's code at
-// its 256 threads (the same block_sum), the rotation rope_pair on the normed head in shared memory
+// its 256 threads (the same block_sum), the rotation rope_pair on the normed head in shared memory. A decode
+// token's 36 heads; a prompt's many take norm_rope_warp
 extern "C" __global__ void norm_rope(float* qo, float* ko, const float* q, const float* k, const float* wq,
                                      const float* wk, float eps, const float* cs, const float* sn, const int* pos,
                                      int H, int Hkv, int hd, int n_rot, int neox) {
@@ -228,6 +229,62 @@ extern "C" __global__ void norm_rope(float* qo, float* ko, const float* q, const
     __syncthreads();
     float* out = (isq ? qo : ko) + off;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) out[i] = v[i];
+}
+
+// norm_rope over a prompt's many heads, a warp a head: warp i of block b takes head t·(H + Hkv) + j = 8b + i. A block
+// a head left half its threads idle behind six barriers (0.5 ms of a 900-token prompt's GPU time on qwen3,
+// bench/results/h200/prefill_ops_q8_stop39.log; 2.5x faster alone at 900 tokens, norm_rope_ab_q8_stop43.log). The
+// sum of squares is block_sum's at 256 threads replayed in one warp: virtual warp w's lanes sum x[32w + lane]
+// (+ 256, ...), block_sum's butterfly reduces each, then its second stage the 8 warp sums (its 24 zero lanes add
+// exact zeros): the same bits as norm_rope (tests/test_gpu_kernels.py). The head sits in shared memory, so its loads
+// go out together. Slower than norm_rope on a decode token's 36 heads (0.78x: 5 blocks)
+#define NR_VWARPS 8   // block_sum's 256 threads
+extern "C" __global__ void __launch_bounds__(256) norm_rope_warp(
+        float* qo, float* ko, const float* q, const float* k, const float* wq, const float* wk, float eps,
+        const float* cs, const float* sn, const int* pos, int T, int H, int Hkv, int hd, int n_rot, int neox) {
+    extern __shared__ float vs[];  // [8][hd]
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const long long head = (long long)blockIdx.x * (blockDim.x >> 5) + wi;
+    if (head >= (long long)T * (H + Hkv)) return;     // a whole warp: no block barrier follows
+    const int t = head / (H + Hkv), j = head % (H + Hkv);
+    const bool isq = j < H;
+    const long long off = (isq ? (long long)t * H + j : (long long)t * Hkv + (j - H)) * hd;
+    const float* xr = (isq ? q : k) + off;
+    const float* w = isq ? wq : wk;
+    float* v = vs + wi * hd;
+#pragma unroll 4
+    for (int i = lane; i < hd; i += 32) v[i] = xr[i];
+    __syncwarp();
+    float u[NR_VWARPS];
+#pragma unroll
+    for (int vw = 0; vw < NR_VWARPS; vw++) {
+        float s = 0.f;
+        for (int i = 32 * vw + lane; i < hd; i += 32 * NR_VWARPS) s += v[i] * v[i];
+        u[vw] = s;
+    }
+#pragma unroll
+    for (int vw = 0; vw < NR_VWARPS; vw++)
+        if (32 * vw < hd)                             // warp-uniform; past hd a virtual warp's sum is 0
+            for (int o = 16; o > 0; o >>= 1) u[vw] += __shfl_xor_sync(0xffffffffu, u[vw], o);
+#pragma unroll
+    for (int o = NR_VWARPS / 2; o > 0; o >>= 1) {     // block_sum's second stage, lane 0's value
+        float nu[NR_VWARPS];
+#pragma unroll
+        for (int l = 0; l < NR_VWARPS; l++) nu[l] = u[l] + u[l ^ o];
+#pragma unroll
+        for (int l = 0; l < NR_VWARPS; l++) u[l] = nu[l];
+    }
+    const float r = rsqrtf(u[0] / hd + eps);
+#pragma unroll 4
+    for (int i = lane; i < hd; i += 32) v[i] = v[i] * r * w[i];
+    __syncwarp();
+    const int half = n_rot / 2;
+    const long long p = (long long)pos[t] * half;
+    for (int i = lane; i < half; i += 32) rope_pair(v, i, half, neox, cs[p + i], sn[p + i]);
+    __syncwarp();
+    float* out = (isq ? qo : ko) + off;
+#pragma unroll 4
+    for (int i = lane; i < hd; i += 32) out[i] = v[i];
 }
 
 extern "C" __global__ void kv_store(half_t* kc, half_t* vc, const float* k, const float* v, long long off, long long n) {
