@@ -25,11 +25,14 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
-        assert 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"
-        assert 0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"
-        assert self.repeat_penalty > 0.0, f"repeat_penalty must be positive, got {self.repeat_penalty}"
-        assert self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"
+        for ok, what in ((self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+                         (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+                         (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
+                         (self.repeat_penalty > 0.0, f"repeat_penalty must be positive, got {self.repeat_penalty}"),
+                         (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
+                         (self.seed >= 0, f"seed must be >= 0, got {self.seed}")):
+            if not ok:
+                raise ValueError(what)
 
     @property
     def greedy(self) -> bool:
@@ -76,15 +79,35 @@ class Sampler:
         return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="right")), len(ids) - 1)])
 
 
+def checked(kind, flag: str, ok, what: str):
+    """An argparse type: `kind(text)` where ok(value) holds, else a usage error naming the flag and the range
+    (`what`), before any model is loaded."""
+    import argparse
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes {'an integer' if kind is int else 'a number'}, "
+                                             f"not {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {text}")
+        return v
+    return parse
+
+
 def add_cli_args(p) -> None:
-    """The sampling flags every `generate` command takes (argparse)."""
+    """The sampling flags every `generate` command takes (argparse), each checked as it parses."""
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--temp", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temp", type=checked(float, "--temp", lambda v: v >= 0.0, ">= 0 (0: greedy)"), default=0.8)
+    p.add_argument("--top-k", type=checked(int, "--top-k", lambda v: v >= 0, ">= 0 (0: off)"), default=40)
+    p.add_argument("--top-p", type=checked(float, "--top-p", lambda v: 0.0 < v <= 1.0, "in (0, 1] (1: off)"),
+                   default=0.95)
+    p.add_argument("--min-p", type=checked(float, "--min-p", lambda v: 0.0 <= v < 1.0, "in [0, 1) (0: off)"),
+                   default=0.05)
+    p.add_argument("--repeat-penalty", type=checked(float, "--repeat-penalty", lambda v: v > 0.0, "> 0 (1: off)"),
+                   default=1.0)
+    p.add_argument("--seed", type=checked(int, "--seed", lambda v: v >= 0, ">= 0"), default=0)
 
 
 def from_cli_args(a) -> SamplingParams:

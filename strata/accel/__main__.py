@@ -11,7 +11,7 @@ import re
 import sys
 
 from strata.gguf_file import GGUFError
-from strata.sampling import add_cli_args
+from strata.sampling import add_cli_args, checked
 
 
 def parse_bytes(text: str) -> int:
@@ -42,18 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text")
     g.add_argument("--model", help="a GGUF MoE model (default: the bundled strata-tiny)")
     g.add_argument("--prompt", default="def fibonacci(n):")
-    g.add_argument("-n", type=int, default=64, help="tokens to generate")
+    g.add_argument("-n", type=checked(int, "-n", lambda v: v >= 0, ">= 0"), default=64, help="tokens to generate")
     g.add_argument("--device", choices=("auto", "cuda", "cpu", "host"), default="auto",
                    help="host = the GPU engine on the CPU twin (for debugging)")
     g.add_argument("--vram-budget", type=parse_bytes, help="cap the VRAM the engine uses (emulates a smaller card)")
-    g.add_argument("--vram-reserve-mib", type=int, default=700)
+    g.add_argument("--vram-reserve-mib", type=checked(int, "--vram-reserve-mib", lambda v: v >= 0, ">= 0"),
+                   default=700, help="VRAM left to others (the CUDA context, the display) (default: 700)")
     g.add_argument("--expert-cache", type=cache_arg, default=None, help="expert cache slots, or auto (default)")
     g.add_argument("--expert-profile", action="append", metavar="TRACE",
                    help="routing trace(s) from --dump-routing: fill the cache hottest first")
     g.add_argument("--dump-routing", metavar="FILE", help="write this run's routing trace (JSONL)")
-    g.add_argument("--ctx", type=int, help="context length (default: prompt + n, at least 512)")
-    g.add_argument("--chunk", type=int, help="prompt chunk tokens (default: planned)")
-    g.add_argument("--pool-workers", type=int, help="CPU expert-pool workers (default: the machine's cores - 1)")
+    g.add_argument("--ctx", type=checked(int, "--ctx", lambda v: v >= 1, ">= 1"),
+                   help="context length (default: prompt + n, at least 512)")
+    g.add_argument("--chunk", type=checked(int, "--chunk", lambda v: v >= 1, ">= 1"),
+                   help="prompt chunk tokens (default: planned)")
+    g.add_argument("--pool-workers", type=checked(int, "--pool-workers", lambda v: v >= 0, ">= 0"),
+                   help="CPU expert-pool workers (default: the machine's cores - 1)")
     g.add_argument("--stats", action="store_true", help="timing lines, expert-cache hit rate, streamed bytes")
     add_cli_args(g)
     return ap

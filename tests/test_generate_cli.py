@@ -1,0 +1,120 @@
+"""`python -m strata.accel generate`'s bad input: every flag checked as it parses (a usage error naming the flag and
+its range, before any model loads), a routing trace that is not one named with its line, and the GPU engine's flags
+on the CPU backend said to change nothing; --dump-routing writes a trace on the CPU backend too."""
+
+import json
+
+import pytest
+
+from strata import routing_trace
+from strata.accel.__main__ import build_parser, main
+from strata.sampling import SamplingParams
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["-n", "-5"], "-n must be >= 0, got -5"),
+    (["-n", "ten"], "-n takes an integer, not 'ten'"),
+    (["--ctx", "0"], "--ctx must be >= 1, got 0"),
+    (["--chunk", "0"], "--chunk must be >= 1, got 0"),
+    (["--pool-workers", "-1"], "--pool-workers must be >= 0, got -1"),
+    (["--vram-reserve-mib", "-100"], "--vram-reserve-mib must be >= 0, got -100"),
+    (["--vram-budget", "abc"], "not a size: 'abc'"),
+    (["--expert-cache", "-3"], "--expert-cache must be >= 0"),
+    (["--temp", "-1"], "--temp must be >= 0 (0: greedy), got -1"),
+    (["--temp", "nan"], "--temp must be >= 0"),
+    (["--top-k", "-1"], "--top-k must be >= 0 (0: off), got -1"),
+    (["--top-p", "2"], "--top-p must be in (0, 1] (1: off), got 2"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--min-p", "1"], "--min-p must be in [0, 1) (0: off), got 1"),
+    (["--repeat-penalty", "0"], "--repeat-penalty must be > 0 (1: off), got 0"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--top-p", "high"], "--top-p takes a number, not 'high'"),
+])
+def test_a_bad_flag_is_a_usage_error_naming_it(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["generate", *argv])
+    assert e.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_good_flags_parse_to_their_values():
+    a = build_parser().parse_args(["generate", "-n", "0", "--ctx", "64", "--chunk", "16", "--pool-workers", "0",
+                                   "--temp", "0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "7"])
+    assert (a.n, a.ctx, a.chunk, a.pool_workers, a.temp, a.top_k, a.top_p, a.min_p, a.seed) == (
+        0, 64, 16, 0, 0.0, 0, 1.0, 0.0, 7)
+
+
+@pytest.mark.parametrize("kw,said", [(dict(top_k=-1), "top_k"), (dict(top_p=1.5), "top_p"), (dict(min_p=-0.1), "min_p"),
+                                     (dict(repeat_penalty=0.0), "repeat_penalty"), (dict(seed=-2), "seed")])
+def test_sampling_params_check_themselves(kw, said):
+    """A ValueError, not an assert (which `python -O` would drop)."""
+    with pytest.raises(ValueError, match=said):
+        SamplingParams(**kw)
+
+
+def _head(**kw):
+    return json.dumps({"format": routing_trace.FORMAT, "version": routing_trace.VERSION, "arch": "x", "n_layer": 2,
+                       "n_expert": 4, "n_expert_used": 2, **kw})
+
+
+@pytest.mark.parametrize("text,said", [
+    ("", "not a Strata routing trace (line 1 is not JSON: the file is empty)"),
+    ("root:x:0:0:root:/root:/bin/bash\n", "not a Strata routing trace (line 1 is not JSON)"),
+    ('["a", "list"]\n', "not a Strata routing trace (first line has format None)"),
+    (_head(version=99) + "\n", "routing trace version 99"),
+    (_head(n_layer=None) + "\n", "the trace's head has no n_layer"),
+    (_head() + '\n{"layer": 0, "counts": {"1": 3}}\n{"layer": 1, "cou', "line 3 is not JSON (a trace cut short?)"),
+    (_head() + '\n{"layer": 2, "counts": {"1": 3}}\n', "record 1 is not a layer's routing counts of a 2-layer"),
+    (_head() + '\n{"layer": 0, "counts": {"9": 3}}\n', "record 1 is not"),
+    (_head() + '\n{"layer": 0, "counts": {"1": -3}}\n', "record 1 is not"),
+    (_head() + '\n{"layer": 0}\n', "record 1 is not"),
+    (_head() + '\n[1, 2]\n', "record 1 is not"),
+])
+def test_a_trace_that_is_not_one_is_named_with_its_line(tmp_path, text, said):
+    f = tmp_path / "t.jsonl"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=None) as e:
+        routing_trace.profile([str(f)])
+    assert str(f) in str(e.value) and said in str(e.value), str(e.value)
+
+
+def test_a_good_trace_sums_its_counts(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text(_head() + '\n{"layer": 0, "counts": {"1": 3, "2": 1}}\n\n{"layer": 1, "counts": {"1": 2}}\n'
+                 '{"layer": 0, "counts": {"1": 1}}\n')
+    head, counts = routing_trace.profile([str(f)])
+    assert head["n_expert"] == 4 and counts == {(0, 1): 4, (0, 2): 1, (1, 1): 2}
+
+
+def test_generate_names_a_bad_profile_in_one_error_line(tmp_path, capsys):
+    """The GPU engine (on its host twin) reads --expert-profile: a file that is not a trace is one error line."""
+    f = tmp_path / "passwd"
+    f.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    assert main(["generate", "--device", "host", "-n", "1", "--expert-profile", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"strata: error: {f}: not a Strata routing trace (line 1 is not JSON)" in err
+    assert "Traceback" not in err
+
+
+def test_an_unwritable_dump_routing_path_is_one_error_line(tmp_path, capsys):
+    bad = tmp_path / "no" / "such" / "dir.jsonl"
+    assert main(["generate", "--device", "host", "-n", "1", "--dump-routing", str(bad)]) == 1
+    assert f"strata: error: {bad}: cannot write the routing trace there" in capsys.readouterr().err
+
+
+def test_the_cpu_backend_writes_a_trace_and_says_which_flags_change_nothing(tmp_path, capsys):
+    """--dump-routing on the CPU backend: a record a layer for the prompt (one chunk) and for each decode step, the
+    kernels' warm-up token not among them; --vram-budget and --expert-cache named in one line as the GPU engine's."""
+    f = tmp_path / "cpu.jsonl"
+    n = 3
+    assert main(["generate", "--device", "cpu", "--greedy", "-n", str(n), "--prompt", "The cache holds",
+                 "--dump-routing", str(f), "--vram-budget", "1G", "--expert-cache", "4", "--pool-workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "--vram-budget, --expert-cache: the GPU engine's" in err and "change nothing here" in err
+    head, recs = routing_trace.read(str(f))
+    recs = list(recs)
+    L = head["n_layer"]
+    assert len(recs) == L * n, (len(recs), L)         # the prompt, then n - 1 decode steps (the last token is not fed)
+    assert [r["layer"] for r in recs] == list(range(L)) * n
+    assert recs[0]["pos0"] == 0 and recs[0]["n_tokens"] > 1 and all(r["n_tokens"] == 1 for r in recs[L:])
+    assert [r["pos0"] for r in recs[L::L]] == [recs[0]["n_tokens"] + i for i in range(n - 1)]
