@@ -20,7 +20,10 @@ FORMAT, VERSION = "strata-routing", 1
 class RoutingWriter:
     def __init__(self, path: str, model):
         c = model.cfg
-        self.f = open(path, "w")
+        try:
+            self.f = open(path, "w")
+        except OSError as e:
+            raise ValueError(f"{path}: cannot write the routing trace there ({e.strerror})") from None
         self.f.write(json.dumps({"format": FORMAT, "version": VERSION, "arch": c.arch, "n_layer": c.n_layer,
                                  "n_expert": c.n_expert, "n_expert_used": c.n_expert_used}) + "\n")
         self.engine = None
@@ -42,35 +45,63 @@ class RoutingWriter:
 
 
 def read(path: str) -> tuple[dict, Iterator[dict]]:
+    """(the trace's head, its records in order). A file that is not a trace, of another version, or with a line
+    that is not JSON (a trace cut short) is a ValueError naming the file and the line."""
     f = open(path)
-    head = json.loads(f.readline())
-    if head.get("format") != FORMAT:
+    try:
+        first = f.readline()
+        try:
+            head = json.loads(first)
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}: not a Strata routing trace (line 1 is not JSON"
+                             f"{'' if first else ': the file is empty'})") from None
+        fmt = head.get("format") if isinstance(head, dict) else None
+        if fmt != FORMAT:
+            raise ValueError(f"{path}: not a Strata routing trace (first line has format {fmt!r})")
+        if head.get("version") != VERSION:
+            raise ValueError(f"{path}: routing trace version {head.get('version')} (this Strata reads {VERSION})")
+        for k in ("n_layer", "n_expert"):
+            if not isinstance(head.get(k), int) or head[k] < 1:
+                raise ValueError(f"{path}: the trace's head has no {k} (a positive integer): {first.strip()[:120]}")
+    except BaseException:
         f.close()
-        raise ValueError(f"{path}: not a Strata routing trace (first line has format {head.get('format')!r})")
-    if head.get("version") != VERSION:
-        f.close()
-        raise ValueError(f"{path}: routing trace version {head.get('version')} (this Strata reads {VERSION})")
+        raise
 
     def records():
         with f:
-            for line in f:
+            for i, line in enumerate(f, 2):
                 if line.strip():
-                    yield json.loads(line)
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        raise ValueError(f"{path}: line {i} is not JSON (a trace cut short?)") from None
 
     return head, records()
 
 
 def profile(paths: list[str]) -> tuple[dict, Counter]:
-    """Summed (layer, expert) -> token count over traces of one model."""
+    """Summed (layer, expert) -> token count over traces of one model. A record whose layer, experts or counts
+    are not the head's shape is a ValueError naming the file and the record."""
     total, head0 = Counter(), None
     for p in paths:
         head, recs = read(p)
         if head0 and (head["n_layer"], head["n_expert"]) != (head0["n_layer"], head0["n_expert"]):
             raise ValueError(f"{p}: trace of a different model shape than {paths[0]}")
         head0 = head0 or head
-        for r in recs:
-            for e, n in r["counts"].items():
-                total[(r["layer"], int(e))] += n
+        L, E = head["n_layer"], head["n_expert"]
+        for i, r in enumerate(recs, 1):
+            try:
+                layer, counts = r["layer"], r["counts"]
+                got = [(int(e), n) for e, n in counts.items()]
+                ok = isinstance(layer, int) and 0 <= layer < L and all(
+                    0 <= e < E and isinstance(n, int) and n >= 0 for e, n in got)
+            except (KeyError, TypeError, AttributeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{p}: record {i} is not a layer's routing counts of a {L}-layer, {E}-expert "
+                                 f"model: {json.dumps(r)[:120]}")
+            for e, n in got:
+                total[(layer, e)] += n
     return head0, total
 
 

@@ -27,15 +27,15 @@ class RefEngine:
         self.path = Path(path)
         self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
         self.kv = KVCache(self.cfg, self.n_ctx)
-        self._on_routing = on_routing
+        self.on_routing = on_routing
         self.ops = RefOps(model, self.path, placement, self.kv, self._routing)
         self.pos = 0
         self.n_chunks = 0
         self.on_layer: Callable[[int, int], None] | None = None   # (layer, tokens) after each block: progress
 
     def _routing(self, layer: int, ids: np.ndarray):
-        if self._on_routing:
-            self._on_routing(layer, ids)
+        if self.on_routing:
+            self.on_routing(layer, ids)
 
     def reset(self):
         self.pos = 0

@@ -31,20 +31,41 @@ def layer_progress(n_layer: int, note, every_s: float = 1.0, clock=time.perf_cou
     return on_layer
 
 
+GPU_ONLY = ("vram_budget", "expert_cache", "expert_profile")   # the GPU engine's VRAM plan and expert cache
+
+
+def gpu_only_flags(a) -> list[str]:
+    """The GPU engine's flags a CPU run was given: the whole model runs from RAM, so they change nothing."""
+    given = [f for f in GPU_ONLY if getattr(a, f, None) is not None]
+    if getattr(a, "vram_reserve_mib", 700) != 700:
+        given.append("vram_reserve_mib")
+    return ["--" + f.replace("_", "-") for f in given]
+
+
 def run_cpu(a) -> int:
+    from strata import routing_trace
     from strata.accel.cpu.ops import CpuEngine
     from strata.accel.cpu.pool import ExpertPool
     from strata.accel.generate import prepare, stream_generate
 
     t_load = time.perf_counter()
     m, tok, ids, n_ctx = prepare(a)
+    ignored = gpu_only_flags(a)
+    if ignored:
+        _note(f"{', '.join(ignored)}: the GPU engine's (VRAM and its expert cache); the CPU backend runs the whole "
+              f"model from RAM, so they change nothing here (--device host runs the GPU engine on its CPU twin)")
     pool = ExpertPool(getattr(a, "pool_workers", None))
     eng = CpuEngine(m, pool=pool, n_ctx=n_ctx)
+    writer = None
     try:
         eng.forward(ids[:1])   # loads (or compiles) every kernel this model needs, outside the timings
         eng.reset()
         _note(f"load {time.perf_counter() - t_load:.1f} s: {m.cfg.arch}, {m.cfg.n_layer} layers, "
               f"{pool.workers} pool workers + host, pipeline {'on' if pool.pipeline else 'off'}")
+        if getattr(a, "dump_routing", None):       # after the warm-up token, which is no part of the run
+            writer = routing_trace.RoutingWriter(a.dump_routing, m)
+            writer.bind(eng)
+            eng.on_routing = writer.layer
 
         def prefill(ids):
             eng.on_layer = layer_progress(m.cfg.n_layer, _note)
@@ -55,6 +76,8 @@ def run_cpu(a) -> int:
 
         stream_generate(a, tok, ids, prefill, eng.decode)
     finally:
+        if writer:
+            writer.close()
         eng.close()
         m.close()
     return 0

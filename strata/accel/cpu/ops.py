@@ -217,7 +217,7 @@ class CpuEngine(RefEngine):
         self.path = Path.Q8
         self.n_ctx = int(n_ctx or min(self.cfg.n_ctx_train, 4096))
         self.kv = CpuKV(self.cfg, self.n_ctx)
-        self._on_routing = on_routing
+        self.on_routing = on_routing
         self._own_pool = pool is None
         self.pool = ExpertPool() if pool is None else pool
         self.ops = CpuOps(model, self.kv, self.pool, self._routing)
