@@ -180,6 +180,10 @@ class GGUFFile:
             self._fd = open(self.path, "rb")
         except FileNotFoundError:
             raise GGUFError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise GGUFError(f"{self.path} is a directory, not a GGUF file") from None
+        except PermissionError:
+            raise GGUFError(f"{self.path}: permission denied (the file cannot be read)") from None
         size = os.fstat(self._fd.fileno()).st_size
         if size < 4:
             self._fd.close()

@@ -109,6 +109,11 @@ def test_missing_file(tmp_path):
         GGUFFile(tmp_path / "nope.gguf")
 
 
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(GGUFError, match="is a directory, not a GGUF file"):
+        GGUFFile(tmp_path)
+
+
 def test_large_vocabulary_parses_like_gguf_reader(tmp_path):
     """151,936 tokens (Qwen's vocabulary size): same strings as GGUFReader (speed: bench/open_gguf.py)."""
     p = tmp_path / "v.gguf"
