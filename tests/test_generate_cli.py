@@ -118,3 +118,13 @@ def test_the_cpu_backend_writes_a_trace_and_says_which_flags_change_nothing(tmp_
     assert [r["layer"] for r in recs] == list(range(L)) * n
     assert recs[0]["pos0"] == 0 and recs[0]["n_tokens"] > 1 and all(r["n_tokens"] == 1 for r in recs[L:])
     assert [r["pos0"] for r in recs[L::L]] == [recs[0]["n_tokens"] + i for i in range(n - 1)]
+
+
+@pytest.mark.parametrize("argv,said", [(["-n", "-2"], "-n must be >= 0, got -2"), (["--ctx", "0"], "--ctx must be >= 1"),
+                                       (["--top-p", "3"], "--top-p must be in (0, 1]")])
+def test_the_reference_generate_checks_its_flags_too(argv, said, capsys):
+    from strata.reference.__main__ import main as ref_main
+
+    with pytest.raises(SystemExit) as e:
+        ref_main(["generate", "--prompt", "hi", *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err

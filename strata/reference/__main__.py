@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.gguf_file import GGUFError
 from strata.reference.linalg import Path
-from strata.sampling import add_cli_args, from_cli_args
+from strata.sampling import add_cli_args, checked, from_cli_args
 
 
 def cmd_logits(a) -> int:
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("generate")
     p.add_argument("--model")
     p.add_argument("--prompt", required=True)
-    p.add_argument("-n", type=int, default=16)
-    p.add_argument("--ctx", type=int)
+    p.add_argument("-n", type=checked(int, "-n", lambda v: v >= 0, ">= 0"), default=16)
+    p.add_argument("--ctx", type=checked(int, "--ctx", lambda v: v >= 1, ">= 1"))
     p.add_argument("--path", choices=[x.value for x in Path], default="float")
     p.add_argument("--dump-routing", metavar="FILE", help="write routed expert ids per chunk and layer (JSONL)")
     add_cli_args(p)
