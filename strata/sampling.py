@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.cli_args import checked
 from strata.mathfn import exp64
 
 
@@ -77,23 +78,6 @@ class Sampler:
         probs /= probs.sum()
         u = self.rng.random()
         return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="right")), len(ids) - 1)])
-
-
-def checked(kind, flag: str, ok, what: str):
-    """An argparse type: `kind(text)` where ok(value) holds, else a usage error naming the flag and the range
-    (`what`), before any model is loaded."""
-    import argparse
-
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes {'an integer' if kind is int else 'a number'}, "
-                                             f"not {text!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {text}")
-        return v
-    return parse
 
 
 def add_cli_args(p) -> None:

@@ -11,7 +11,8 @@ import re
 import sys
 
 from strata.gguf_file import GGUFError
-from strata.sampling import add_cli_args, checked
+from strata.cli_args import checked
+from strata.sampling import add_cli_args
 
 
 def parse_bytes(text: str) -> int:

@@ -15,7 +15,8 @@ import numpy as np
 
 from strata.gguf_file import GGUFError
 from strata.reference.linalg import Path
-from strata.sampling import add_cli_args, checked, from_cli_args
+from strata.cli_args import checked
+from strata.sampling import add_cli_args, from_cli_args
 
 
 def cmd_logits(a) -> int:
