@@ -6,8 +6,42 @@ import argparse
 import sys
 import time
 
+from strata.cli_args import checked
+
 from .hardware import catalogue, compose, machine
 from .models import model
+
+def share_arg(flag: str):
+    """A share setting: off | auto | default | a fixed share in [0, 1] (whatif's settings)."""
+
+    def parse(text: str) -> str:
+        if text in ("off", "auto", "default"):
+            return text
+        try:
+            ok = 0.0 <= float(text) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{flag} takes off, auto, default or a share in [0, 1], not {text!r}")
+        return text
+    return parse
+
+
+def listed(each, flag: str):
+    """A comma list whose items `each` checks (an argparse type that raises ArgumentTypeError), for sweep's axes."""
+
+    def parse(text: str) -> str:
+        items = [x for x in text.split(",") if x]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{flag} takes a comma list, got {text!r}")
+        for x in items:
+            each(x)
+        return text
+    return parse
+
+
+POS_INT = lambda flag: checked(int, flag, lambda v: v >= 1, ">= 1")  # noqa: E731
+NONNEG = lambda kind, flag: checked(kind, flag, lambda v: v >= 0, ">= 0")  # noqa: E731
 
 
 def _machine(a):
@@ -22,6 +56,8 @@ def cmd_whatif(a) -> None:
     from .whatif import PLOT_LENGTHS, whatif
 
     m = _machine(a)
+    if a.prompt > a.ctx:
+        sys.exit(f"whatif: a prompt of {a.prompt:,} tokens does not fit the context of {a.ctx:,} (raise --ctx)")
     if a.share:
         settings = ("off", a.share) if a.share != "off" else ("off",)
     else:  # "default" (unset) differs from "auto" only where the share is on by default (CUDA)
@@ -90,27 +126,27 @@ def main(argv=None) -> None:
     w.add_argument("--gpu"), w.add_argument("--cpu"), w.add_argument(
         "--link", help="default: the GPU's usual"
     )
-    w.add_argument("--ram", type=float, default=64.0, help="GiB")
-    w.add_argument("--host-issue-us", type=float, help="host time per streamed expert (default: the API's)")
-    w.add_argument("--workers", type=int, help="CPU pool workers (default: cores)")
+    w.add_argument("--ram", type=checked(float, "--ram", lambda v: v > 0, "> 0"), default=64.0, help="GiB")
+    w.add_argument("--host-issue-us", type=NONNEG(float, "--host-issue-us"), help="host time per streamed expert (default: the API's)")
+    w.add_argument("--workers", type=NONNEG(int, "--workers"), help="CPU pool workers (default: cores)")
     w.add_argument("--model", required=True, help="preset:MIX (qwen3-30b-a3b:Q4_K_M, flash-next:IQ2_XS/Q2_0)")
-    w.add_argument("--prompt", type=int, default=600)
+    w.add_argument("--prompt", type=POS_INT("--prompt"), default=600)
     w.add_argument(
-        "--share", help="off | auto | default | a number; default: compare off, 0.5, auto, default"
+        "--share", type=share_arg("--share"), help="off | auto | default | a number; default: compare off, 0.5, auto, default"
     )
-    w.add_argument("--ctx", type=int, default=8192)
-    w.add_argument("--cache-slots", type=int, help="--expert-cache N (default: sized from free VRAM)")
+    w.add_argument("--ctx", type=POS_INT("--ctx"), default=8192)
+    w.add_argument("--cache-slots", type=NONNEG(int, "--cache-slots"), help="--expert-cache N (default: sized from free VRAM)")
     w.add_argument("--plot", help="write prompt time against prompt length (PNG)")
     w.add_argument("--gate-lines", action="store_true", help="print auto's STRATA_DBG_CPU_GATE lines")
     w.set_defaults(fn=cmd_whatif)
     s = sub.add_parser("sweep", help="a grid of machines x models x prompts x shares on Dask")
     s.add_argument("--machines", default="rtx3060-5600x,rtx4090-7950x,rtx5090-9950x3d")
     s.add_argument("--models", default="qwen3-30b-a3b:Q4_K_M")
-    s.add_argument("--prompts", default="256,600,1000,2048")
-    s.add_argument("--shares", default="off,auto")
-    s.add_argument("--layers", type=int, help="reduced simulation: the first N layers, scaled")
+    s.add_argument("--prompts", type=listed(POS_INT("--prompts"), "--prompts"), default="256,600,1000,2048")
+    s.add_argument("--shares", type=listed(share_arg("--shares"), "--shares"), default="off,auto")
+    s.add_argument("--layers", type=POS_INT("--layers"), help="reduced simulation: the first N layers, scaled")
     s.add_argument("--scheduler", help="a running Dask scheduler (default: a local cluster)")
-    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--workers", type=POS_INT("--workers"), default=2)
     s.add_argument("--out", help="CSV file (default: stdout)")
     s.set_defaults(fn=cmd_sweep)
     c = sub.add_parser("catalogue", help="list the hardware catalogue")
@@ -122,7 +158,10 @@ def main(argv=None) -> None:
     )
     k.set_defaults(fn=cmd_calibrate)
     a = p.parse_args(argv)
-    a.fn(a)
+    try:
+        a.fn(a)
+    except (KeyError, ValueError) as e:  # an unknown catalogue name or model, a value the model refuses
+        sys.exit(f"sim {a.cmd}: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
 
 
 if __name__ == "__main__":

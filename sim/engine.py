@@ -471,7 +471,7 @@ class _Runner(EngineWalks, LayerMajorWalk):
     def _issuer(self, groups, copied, consumed, in_flight: int):
         """The stream-all copies: entry k is issued once entry k - ring was consumed (the engine thread issues them
         between its launches since stop 19, an issuer thread before; modelled as its own process either way)."""
-        m, c, res = self.run.model, self.costs, self.result
+        c, res = self.costs, self.result
         for g, (l, es) in enumerate(groups):
             if g >= in_flight:
                 yield consumed[g - in_flight]

@@ -205,6 +205,8 @@ def compose(
             raise KeyError(f"no {kind[:-1]} {key!r} in the catalogue (known: {', '.join(sorted(cat[kind]))})")
     g, c = cat["gpus"][gpu], cat["cpus"][cpu]
     link = link or CALIB.default_link[gpu]
+    if link not in cat["links"]:
+        raise KeyError(f"no link {link!r} in the catalogue (known: {', '.join(sorted(cat['links']))})")
     issue = host_issue_us if host_issue_us is not None else CALIB.host_issue_us[g.api]
     return Machine(
         f"{gpu}+{cpu}",

@@ -92,3 +92,53 @@ engine's graph needs CUDA)."""
     assert whatif(mach, m, 600, settings=("off",)).decode.pcie_frac == 1.0           # CUDA: the graph
     other = compose("rx-6800", "ryzen7-5700x3d")                                          # no CUDA: split
     assert other.gpu.api != "cuda" and whatif(other, m, 600, settings=("off",)).decode.pcie_frac < 1.0
+
+
+WHATIF = ["whatif", "--gpu", "rtx-4070-ti", "--cpu", "ryzen7-5700x3d", "--model", "qwen3-30b-a3b:Q4_K_M"]
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--prompt", "-5"], "--prompt must be >= 1, got -5"),
+    (["--ctx", "0"], "--ctx must be >= 1, got 0"),
+    (["--cache-slots", "-4"], "--cache-slots must be >= 0, got -4"),
+    (["--ram", "0"], "--ram must be > 0, got 0"),
+    (["--share", "abc"], "--share takes off, auto, default or a share in [0, 1], not 'abc'"),
+    (["--share", "1.5"], "not '1.5'"),
+])
+def test_whatif_checks_its_flags_as_they_parse(argv, said, capsys):
+    from sim.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*WHATIF, *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--gpu", "rtx-9999"], "sim whatif: error: no gpu 'rtx-9999' in the catalogue (known: "),
+    (["--link", "pcie9"], "sim whatif: error: no link 'pcie9' in the catalogue (known: "),
+    (["--model", "nosuch:Q4"], "sim whatif: error: no model 'nosuch' (known: "),
+    (["--model", "qwen3-30b-a3b:BOGUS"], "sim whatif: error: no quant mix 'BOGUS'"),
+    (["--prompt", "10000", "--ctx", "8192"], "a prompt of 10,000 tokens does not fit the context of 8,192"),
+])
+def test_whatif_names_an_unknown_part_in_one_line(argv, said):
+    """A typo in a catalogue name is one line listing the known ones, not a traceback (last flag wins)."""
+    from sim.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*WHATIF, *argv])
+    assert said in str(e.value.code), e.value.code
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--prompts", "256,abc"], "--prompts takes an integer, not 'abc'"),
+    (["--prompts", "256,-3"], "--prompts must be >= 1, got -3"),
+    (["--shares", "off,xyz"], "--shares takes off, auto, default or a share in [0, 1], not 'xyz'"),
+    (["--shares", ","], "--shares takes a comma list"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+])
+def test_sweep_checks_its_axes_as_they_parse(argv, said, capsys):
+    from sim.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
