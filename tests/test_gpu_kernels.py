@@ -258,11 +258,14 @@ def test_linear(devs, T, K):
                                                   (5, 4, 4, 256, 256, True), (300, 32, 4, 128, 128, True),
                                                   (7, 5, 2, 80, 64, False), (2, 3, 1, 512, 512, True),
                                                   (1025, 3, 1, 64, 64, False), (1100, 3, 1, 512, 512, True),
-                                                  (1030, 3, 1, 80, 64, False)])
+                                                  (1030, 3, 1, 80, 64, False), (64, 2, 1, 2048, 64, True),
+                                                  (2, 1, 1, 4096, 64, False), (1, 1, 1, 5120, 64, True)])
 def test_norm_rope_gives_rms_norm_then_rope_bits(devs, T, H, Hkv, hd, n_rot, neox):
     """norm_rope (one launch) against rms_norm then rope on each of q and k: the same bits, on CUDA. Both kernels: a
     block a head (fewer than cuda_kernels.NR_MANY heads) and a warp a head (from NR_MANY; 1,025 tokens of 4 heads
-    leave the last block half empty), head sizes up to and past block_sum's 256 threads."""
+    leave the last block half empty), head sizes up to and past block_sum's 256 threads. The block kernel's norm is
+    rms_norm's loop, so the head sizes of a hidden row (2,048: rms_norm's registers; 4,096 and 5,120: its loop) hold
+    rms_norm's register form to the loop's bits too."""
     c, _ = devs
     rng = np.random.default_rng(hd + T)
     q, k = (rng.standard_normal((T, n, hd)).astype(np.float32) * 3 for n in (H, Hkv))

@@ -173,15 +173,35 @@ extern "C" __global__ void combine(float* out, const float* dm, const int* slot,
 }
 
 
-// one block per row: out = x / sqrt(mean(x^2) + eps) * w
+// one block per row: out = x / sqrt(mean(x^2) + eps) * w. A thread's values of rows of up to RN_REG·blockDim.x
+// load together into registers, then add in the loop's order (x[t]², x[t + 256]², ...): a decode token's one block
+// waited out each load in turn (8.1 us a norm, 17 a token, decode_profile_q8_stop41.log). 16 a thread cost
+// 900-row prompts 0.8x (rms_norm_ab_q8_stop43a.log, likely blocks a multiprocessor); longer rows take the loop
+#define RN_REG 8
 extern "C" __global__ void rms_norm(float* out, const float* x, const float* w, int n, float eps) {
     __shared__ float sh[33];
     const float* xr = x + (long long)blockIdx.x * n;
+    float* o = out + (long long)blockIdx.x * n;
+    const int t = threadIdx.x, b = blockDim.x;
     float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    if (n <= RN_REG * b) {
+        float v[RN_REG];
+#pragma unroll
+        for (int j = 0; j < RN_REG; j++) v[j] = t + j * b < n ? xr[t + j * b] : 0.f;
+#pragma unroll
+        for (int j = 0; j < RN_REG; j++)
+            if (t + j * b < n) s += v[j] * v[j];
+        s = block_sum(s, sh);
+        const float r = rsqrtf(s / n + eps);
+#pragma unroll
+        for (int j = 0; j < RN_REG; j++)
+            if (t + j * b < n) o[t + j * b] = v[j] * r * w[t + j * b];
+        return;
+    }
+    for (int i = t; i < n; i += b) s += xr[i] * xr[i];
     s = block_sum(s, sh);
     const float r = rsqrtf(s / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(long long)blockIdx.x * n + i] = xr[i] * r * w[i];
+    for (int i = t; i < n; i += b) o[i] = xr[i] * r * w[i];
 }
 
 // one rotated pair in place: rope's and norm_rope's one expression
