@@ -7,6 +7,8 @@ Format: llama.cpp `gguf.cpp` (`gguf_write_to_file`); checked against `gguf.GGUFR
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -95,7 +97,20 @@ class GGUFWriter:
         return -(-n // self.alignment) * self.alignment
 
     def write(self, path: str, progress: Callable[[int, int], None] | None = None) -> int:
-        """Write the file; `progress(done_bytes, total_bytes)` is called as tensor data goes out."""
+        """Write the file; `progress(done_bytes, total_bytes)` is called as tensor data goes out. The bytes go to
+        `path`.part, renamed to `path` once whole: a write that fails (a full disk, ^C) leaves no truncated GGUF and
+        an existing file at `path` as it was."""
+        part = os.fspath(path) + ".part"
+        try:
+            size = self._write(part, progress)
+            os.replace(part, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(part)
+            raise
+        return size
+
+    def _write(self, path: str, progress: Callable[[int, int], None] | None) -> int:
         infos, off = [], 0
         for t in self._tensors:
             infos.append(_string(t.name) + struct.pack("<I", len(t.ne)) +

@@ -109,6 +109,31 @@ def test_missing_file(tmp_path):
         GGUFFile(tmp_path / "nope.gguf")
 
 
+def test_a_write_that_fails_leaves_the_old_file_and_no_part(tmp_path):
+    """GGUFWriter.write goes to PATH.part and renames it when whole: a producer that fails half way (a full disk,
+    ^C) leaves an existing file at PATH untouched and no .part behind; a whole write replaces it."""
+    p = tmp_path / "m.gguf"
+    _write(p)
+    before = p.read_bytes()
+
+    def failing():
+        yield np.zeros(256, np.uint8)
+        raise OSError(28, "No space left on device")
+    w = GGUFWriter("qwen3moe")
+    w.add("qwen3moe.block_count", 1, 4)
+    w.add_tensor("x.weight", (64, 16), 0, failing)
+    with pytest.raises(OSError, match="No space left"):
+        w.write(str(p))
+    assert p.read_bytes() == before and sorted(f.name for f in tmp_path.iterdir()) == ["m.gguf"]
+    w = GGUFWriter("qwen3moe")
+    w.add("qwen3moe.block_count", 1, 4)
+    w.add_array("x.weight", np.ones((16, 64), np.float32), 0)
+    w.write(str(p))
+    with GGUFFile(p) as f:
+        assert list(f.tensors) == ["x.weight"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["m.gguf"]
+
+
 def test_a_directory_is_named_as_one(tmp_path):
     with pytest.raises(GGUFError, match="is a directory, not a GGUF file"):
         GGUFFile(tmp_path)

@@ -32,3 +32,25 @@ def realised_skew(tmp_path, skew: float) -> list[float]:
 def test_realised_zipf_exponent_follows_the_knob(tmp_path, skew):
     for s in realised_skew(tmp_path, skew):
         assert BAND[0] <= s - skew <= BAND[1], f"asked for {skew}, routing follows {s:.2f}"
+
+
+@pytest.mark.parametrize("argv,said", [(["--layers", "0"], "--layers must be >= 1, got 0"),
+                                       (["--layers", "-2"], "--layers must be >= 1, got -2"),
+                                       (["--routing-skew", "-1"], "--routing-skew must be >= 0"),
+                                       (["--seed", "-1"], "--seed must be >= 0")])
+def test_synth_checks_its_flags_as_they_parse(tmp_path, argv, said, capsys):
+    """--layers 0 wrote the preset's whole model (0 read as unset): 16 GB for qwen3-30b-a3b."""
+    from strata.synth.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "qwen3-30b-a3b", "--out", str(tmp_path / "x.gguf"), *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_synth_into_a_missing_directory_is_one_error_line(tmp_path, capsys):
+    from strata.synth.__main__ import main
+
+    out = tmp_path / "no" / "m.gguf"
+    assert main(["--preset", "tiny-qwen3moe", "--out", str(out)]) == 1
+    assert f"synth: error: {out}: No such file or directory" in capsys.readouterr().err

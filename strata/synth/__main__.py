@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import replace
 
+from strata.cli_args import checked
 from strata.synth.build import DEFAULT_SKEW, synthesise
 from strata.synth.presets import GGML, PRESETS, ROLES
 
@@ -32,11 +33,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata.synth", description=__doc__)
     ap.add_argument("--preset", choices=sorted(PRESETS), help="model shape and quant mix")
     ap.add_argument("--out", help="output GGUF path")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--routing-skew", type=float, default=DEFAULT_SKEW,
+    ap.add_argument("--seed", type=checked(int, "--seed", lambda v: v >= 0, ">= 0"), default=0)
+    ap.add_argument("--routing-skew", type=checked(float, "--routing-skew", lambda v: v >= 0, ">= 0"),
+                    default=DEFAULT_SKEW,
                     help=f"Zipf exponent of expert popularity (default {DEFAULT_SKEW}; 0 = uniform)")
     ap.add_argument("--quant", default="", help="override the preset's quant mix (see parse_mix)")
-    ap.add_argument("--layers", type=int, help="override the layer count (a cut-down model of the same shape)")
+    ap.add_argument("--layers", type=checked(int, "--layers", lambda v: v >= 1, ">= 1"),
+                    help="override the layer count (a cut-down model of the same shape)")
     ap.add_argument("--list", action="store_true", help="list the presets and exit")
     a = ap.parse_args(argv)
     if a.list or not a.preset:
@@ -49,13 +52,17 @@ def main(argv=None) -> int:
     shape = PRESETS[a.preset]
     if a.quant:
         shape = replace(shape, types={**shape.types, **parse_mix(a.quant)})
-    if a.layers:
+    if a.layers is not None:
         shape = replace(shape, n_layer=a.layers)
     from strata.synth.vocab import tokenizer_meta_for
 
     t0 = time.monotonic()
-    size = synthesise(shape, a.out, seed=a.seed, skew=a.routing_skew, name=a.preset,
-                      tokenizer_meta=tokenizer_meta_for(shape), progress=shape.n_embd >= 1024)
+    try:
+        size = synthesise(shape, a.out, seed=a.seed, skew=a.routing_skew, name=a.preset,
+                          tokenizer_meta=tokenizer_meta_for(shape), progress=shape.n_embd >= 1024)
+    except OSError as e:                 # a directory that does not exist, a full disk: one line, not a traceback
+        print(f"synth: error: {a.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     dt = time.monotonic() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"synth: wrote {a.out}: {size:,} bytes in {dt:.1f} s ({size / max(dt, 1e-9) / 1e6:.0f} MB/s), "
