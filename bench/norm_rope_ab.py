@@ -1,5 +1,5 @@
 """In one process: qwen3's q/k norm_rope as a warp a head (engine_kernels.cu now) against a 256-thread block a head
-(the kernel before stop 43, compiled here from its text below), CUDA only (the harness: bench/kernel_ab.py).
+(the kernel before stop 43, which the tree keeps for a decode token's heads), CUDA only (bench/kernel_ab.py).
 
 1. The kernel alone at qwen3-30b-a3b's shape (32 q heads, 4 kv heads, 128 dims) over T tokens: GPU us a launch
    by events around REPS launches queued behind a busy GPU (so the host's launch cost is not timed: a decode graph
@@ -13,41 +13,15 @@ python bench/norm_rope_ab.py MODEL.gguf 250,600,900,2048,8192 ROUNDS"""
 import sys, numpy as np
 import cupy as cp
 
-from kernel_ab import AB, compile_old
-
-OLD = r'''
-extern "C" __global__ void norm_rope_block(float* qo, float* ko, const float* q, const float* k, const float* wq,
-                                           const float* wk, float eps, const float* cs, const float* sn, const int* pos,
-                                           int H, int Hkv, int hd, int n_rot, int neox) {
-    extern __shared__ float v[];  // [hd]
-    __shared__ float sh[33];
-    const int t = blockIdx.x / (H + Hkv), j = blockIdx.x % (H + Hkv);
-    const bool isq = j < H;
-    const long long off = (isq ? (long long)t * H + j : (long long)t * Hkv + (j - H)) * hd;
-    const float* xr = (isq ? q : k) + off;
-    const float* w = isq ? wq : wk;
-    float s = 0.f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) s += xr[i] * xr[i];
-    s = block_sum(s, sh);
-    const float r = rsqrtf(s / hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = xr[i] * r * w[i];
-    __syncthreads();
-    const int half = n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        rope_pair(v, i, half, neox, cs[(long long)pos[t] * half + i], sn[(long long)pos[t] * half + i]);
-    __syncthreads();
-    float* out = (isq ? qo : ko) + off;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) out[i] = v[i];
-}
-'''
-old_fn = compile_old(OLD, "norm_rope_block")
+from kernel_ab import AB
 
 
 def old_norm_rope(qo, ko, q, k, wq, wk, eps, cos, sin, pos, n_rot, neox, stream):
+    """The block-a-head kernel on every launch (the tree keeps it for a decode token's heads)."""
     T, H, hd = q.shape
-    old_fn((T * (H + k.shape[1]),), (256,), (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos, np.int32(H),
-                                             np.int32(k.shape[1]), np.int32(hd), np.int32(n_rot),
-                                             np.int32(bool(neox))), stream=stream.s, shared_mem=hd * 4)
+    ab.kern.fn["norm_rope"]((T * (H + k.shape[1]),), (256,),
+                            (qo, ko, q, k, wq, wk, np.float32(eps), cos, sin, pos, np.int32(H), np.int32(k.shape[1]),
+                             np.int32(hd), np.int32(n_rot), np.int32(bool(neox))), stream=stream.s, shared_mem=hd * 4)
 
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])

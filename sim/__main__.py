@@ -127,15 +127,23 @@ def main(argv=None) -> None:
         "--link", help="default: the GPU's usual"
     )
     w.add_argument("--ram", type=checked(float, "--ram", lambda v: v > 0, "> 0"), default=64.0, help="GiB")
-    w.add_argument("--host-issue-us", type=NONNEG(float, "--host-issue-us"), help="host time per streamed expert (default: the API's)")
+    w.add_argument(
+        "--host-issue-us",
+        type=NONNEG(float, "--host-issue-us"),
+        help="host time per streamed expert (default: the API's)",
+    )
     w.add_argument("--workers", type=NONNEG(int, "--workers"), help="CPU pool workers (default: cores)")
     w.add_argument("--model", required=True, help="preset:MIX (qwen3-30b-a3b:Q4_K_M, flash-next:IQ2_XS/Q2_0)")
     w.add_argument("--prompt", type=POS_INT("--prompt"), default=600)
     w.add_argument(
-        "--share", type=share_arg("--share"), help="off | auto | default | a number; default: compare off, 0.5, auto, default"
+        "--share",
+        type=share_arg("--share"),
+        help="off | auto | default | a number; default: compare off, 0.5, auto, default",
     )
     w.add_argument("--ctx", type=POS_INT("--ctx"), default=8192)
-    w.add_argument("--cache-slots", type=NONNEG(int, "--cache-slots"), help="--expert-cache N (default: sized from free VRAM)")
+    w.add_argument(
+        "--cache-slots", type=NONNEG(int, "--cache-slots"), help="--expert-cache N (default: sized from free VRAM)"
+    )
     w.add_argument("--plot", help="write prompt time against prompt length (PNG)")
     w.add_argument("--gate-lines", action="store_true", help="print auto's STRATA_DBG_CPU_GATE lines")
     w.set_defaults(fn=cmd_whatif)
