@@ -1,9 +1,12 @@
-"""Checked command-line values shared by the CLIs (`python -m strata.accel`, `strata.reference`, `sim`): a value out
-of its range is a usage error naming the flag, before any model loads."""
+"""What the CLIs share (`python -m strata.accel`, `strata.reference`, `strata.synth`, `sim`): checked values (a value
+out of its range is a usage error naming the flag, before any model loads) and a quiet end when the reader of
+stdout goes away."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 def checked(kind, flag: str, ok, what: str):
@@ -19,3 +22,12 @@ def checked(kind, flag: str, ok, what: str):
             raise argparse.ArgumentTypeError(f"{flag} must be {what}, got {text}")
         return v
     return parse
+
+
+def closed_stdout() -> int:
+    """The reader of our output went away (`generate ... | head`): stop generating, without a traceback, and point
+    stdout at /dev/null so that the interpreter's own flush at exit does not raise again. 141 = 128 + SIGPIPE, what
+    a shell reports for a writer its pipe's reader left."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141

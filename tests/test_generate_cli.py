@@ -128,3 +128,39 @@ def test_the_reference_generate_checks_its_flags_too(argv, said, capsys):
     with pytest.raises(SystemExit) as e:
         ref_main(["generate", "--prompt", "hi", *argv])
     assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", "host"])
+def test_a_reader_that_goes_away_ends_generate_quietly(device):
+    """`generate ... | head -c 20`: the text stops, stderr has no traceback, the exit status is 141 (128 + SIGPIPE)."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "strata.accel", "generate", "--device", device, "-n", "400",
+                          "--greedy", "--ctx", "512"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.read(20)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("device", ["cpu", "host"])
+def test_ctrl_c_ends_generate_with_one_line(device, tmp_path):
+    """^C while generating: one line, exit status 130 (128 + SIGINT), the routing trace written so far closed."""
+    import signal
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "strata.accel", "generate", "--device", device, "-n", "400",
+                          "--greedy", "--ctx", "512", "--dump-routing", str(trace)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.read(20)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    err = err.decode()
+    assert p.returncode == 130, err
+    assert "strata: interrupted" in err and "Traceback" not in err, err
+    head, recs = routing_trace.read(str(trace))
+    assert len(list(recs)) >= head["n_layer"]         # the prompt's records at least, every line whole

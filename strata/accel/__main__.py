@@ -11,7 +11,7 @@ import re
 import sys
 
 from strata.gguf_file import GGUFError
-from strata.cli_args import checked
+from strata.cli_args import checked, closed_stdout
 from strata.sampling import add_cli_args
 
 
@@ -87,6 +87,12 @@ def main(argv=None) -> int:
     except (GGUFError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"strata: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return closed_stdout()
+    except KeyboardInterrupt:           # ^C: the engine's cleanup (its pool, a trace file) has run on the way out
+        print("\nstrata: interrupted", file=sys.stderr)
+        return 130
+
 
 
 def run_cpu(a) -> int:

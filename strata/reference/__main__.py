@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.gguf_file import GGUFError
 from strata.reference.linalg import Path
-from strata.cli_args import checked
+from strata.cli_args import checked, closed_stdout
 from strata.sampling import add_cli_args, from_cli_args
 
 
@@ -106,6 +106,8 @@ def main(argv=None) -> int:
     except (GGUFError, ValueError) as e:
         print(f"strata.reference: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return closed_stdout()
 
 
 if __name__ == "__main__":
