@@ -164,3 +164,27 @@ def test_ctrl_c_ends_generate_with_one_line(device, tmp_path):
     assert "strata: interrupted" in err and "Traceback" not in err, err
     head, recs = routing_trace.read(str(trace))
     assert len(list(recs)) >= head["n_layer"]         # the prompt's records at least, every line whole
+
+
+def test_an_arena_past_the_available_ram_is_refused_before_pinning(monkeypatch, capsys):
+    """The arena pins every routed expert: where that and HEADROOM do not fit the available host RAM, a RamShortfall
+    says how much is needed and available before a byte is pinned, and `generate` prints it as one line."""
+    from strata import models
+    from strata.accel import arena as arena_mod
+    from strata.accel.generate import model_path
+
+    m = models.load(model_path(type("A", (), {"model": None})()))
+    need = arena_mod.Arena.bytes_of(m) + arena_mod.HEADROOM
+
+    class NoPin:
+        def pinned(self, nbytes):
+            raise AssertionError("pinned before the check")
+    with pytest.raises(arena_mod.RamShortfall, match="GiB short") as e:
+        arena_mod.Arena(m, NoPin(), available=need - 1)
+    assert "host RAM" in str(e.value)
+    monkeypatch.setattr(arena_mod, "available_ram", lambda: need - (1 << 20))
+    assert main(["generate", "--device", "host", "-n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "strata: error: the arena pins every routed expert in host RAM" in err and "GiB short" in err
+    monkeypatch.setattr(arena_mod, "available_ram", lambda: need)
+    assert main(["generate", "--device", "host", "-n", "1"]) == 0

@@ -17,15 +17,43 @@ import numpy as np
 from strata.models import Model
 
 PROGRESS_BYTES = 256 << 20   # a load of more bytes shows its progress (the arena's bar, the dense upload's)
+HEADROOM = 1 << 30           # host RAM left to everything else beside the arena: pinned pages never swap out
+
+
+class RamShortfall(RuntimeError):
+    pass
+
+
+def available_ram() -> int | None:
+    """Bytes the system can give without swapping (MemAvailable, /proc/meminfo); None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class Arena:
-    def __init__(self, model: Model, dev, log=None, threads: int = 4):
+    def __init__(self, model: Model, dev, log=None, threads: int = 4, available: int | None = None):
+        """`available`: the host RAM to plan against (default: available_ram()). An arena that does not fit it with
+        HEADROOM to spare is a RamShortfall before anything is pinned: pinning past it would push the system
+        into swap or the OOM killer, minutes into a load."""
         cfg = model.cfg
         self.n_layer, self.n_expert = cfg.n_layer, cfg.n_expert
         self.blob_bytes = [model.expert_blob_bytes(l) for l in range(cfg.n_layer)]
         self.types = [model.expert(l, 0).types for l in range(cfg.n_layer)]
         self.total_bytes = self.bytes_of(model)
+        avail = available_ram() if available is None else available
+        if avail is not None and self.total_bytes + HEADROOM > avail:
+            gib = 2**30
+            raise RamShortfall(
+                f"the arena pins every routed expert in host RAM: {self.total_bytes / gib:.2f} GiB, with "
+                f"{HEADROOM / gib:.0f} GiB left to the rest of the system, and {avail / gib:.2f} GiB are available: "
+                f"{(self.total_bytes + HEADROOM - avail) / gib:.2f} GiB short (close other programs, or take a "
+                f"smaller quant of the model)")
         self.layers: list[np.ndarray] = []
         t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
         show = log is not None and self.total_bytes > PROGRESS_BYTES     # a progress bar only where it is long
