@@ -2,6 +2,7 @@
 its range, before any model loads), a routing trace that is not one named with its line, and the GPU engine's flags
 on the CPU backend said to change nothing; --dump-routing writes a trace on the CPU backend too."""
 
+import argparse
 import json
 
 import pytest
@@ -104,13 +105,16 @@ def test_an_unwritable_dump_routing_path_is_one_error_line(tmp_path, capsys):
 
 def test_the_cpu_backend_writes_a_trace_and_says_which_flags_change_nothing(tmp_path, capsys):
     """--dump-routing on the CPU backend: a record a layer for the prompt (one chunk) and for each decode step, the
-    kernels' warm-up token not among them; --vram-budget and --expert-cache named in one line as the GPU engine's."""
+    kernels' warm-up token not among them; the GPU engine's flags given (a reserve at its default value too) named in
+    one line."""
     f = tmp_path / "cpu.jsonl"
     n = 3
     assert main(["generate", "--device", "cpu", "--greedy", "-n", str(n), "--prompt", "The cache holds",
-                 "--dump-routing", str(f), "--vram-budget", "1G", "--expert-cache", "4", "--pool-workers", "1"]) == 0
+                 "--dump-routing", str(f), "--vram-budget", "1G", "--expert-cache", "4", "--vram-reserve-mib", "700",
+                 "--pool-workers", "1"]) == 0
     err = capsys.readouterr().err
-    assert "--vram-budget, --expert-cache: the GPU engine's" in err and "change nothing here" in err
+    assert "--vram-budget, --vram-reserve-mib, --expert-cache: the GPU engine's" in err
+    assert "change nothing here" in err
     head, recs = routing_trace.read(str(f))
     recs = list(recs)
     L = head["n_layer"]
@@ -173,7 +177,7 @@ def test_an_arena_past_the_available_ram_is_refused_before_pinning(monkeypatch, 
     from strata.accel import arena as arena_mod
     from strata.accel.generate import model_path
 
-    m = models.load(model_path(type("A", (), {"model": None})()))
+    m = models.load(model_path(argparse.Namespace(model=None)))
     need = arena_mod.Arena.bytes_of(m) + arena_mod.HEADROOM
 
     class NoPin:

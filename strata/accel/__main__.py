@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host = the GPU engine on the CPU twin (for debugging)")
     g.add_argument("--vram-budget", type=parse_bytes, help="cap the VRAM the engine uses (emulates a smaller card)")
     g.add_argument("--vram-reserve-mib", type=checked(int, "--vram-reserve-mib", lambda v: v >= 0, ">= 0"),
-                   default=700, help="VRAM left to others (the CUDA context, the display) (default: 700)")
+                   help="VRAM left to others (the CUDA context, the display) (default: memplan.RESERVE_MIB, 700)")
     g.add_argument("--expert-cache", type=cache_arg, default=None, help="expert cache slots, or auto (default)")
     g.add_argument("--expert-profile", action="append", metavar="TRACE",
                    help="routing trace(s) from --dump-routing: fill the cache hottest first")

@@ -20,8 +20,8 @@ from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import SIDE_PENDING, Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
-from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUPS, MemoryPlan, VramShortfall,
-                                  plan_memory)
+from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUPS, RESERVE_MIB, MemoryPlan,
+                                  VramShortfall, plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
 from strata.accel.stream import Ring, Walk
@@ -58,7 +58,7 @@ class Stats:
 
 class GpuEngine(MoeBlock):
     def __init__(self, model: Model, dev, *, n_ctx: int = 4096, vram_budget: int | None = None,
-                 expert_cache: int | None = None, reserve_mib: int = 700, chunk: int | None = None,
+                 expert_cache: int | None = None, reserve_mib: int = RESERVE_MIB, chunk: int | None = None,
                  profile_order: list[tuple[int, int]] | None = None, config: policy.Config | None = None,
                  log=None, arena: Arena | None = None, pool=None, few_rows: int = FEW_ROWS,
                  prompt_groups: tuple[int, ...] = PROMPT_GROUPS, progress=None):

@@ -75,6 +75,7 @@ def stream_generate(a, tok, ids, prefill, decode) -> list[int]:
 def run_gpu(a, dev) -> int:
     from strata import policy, routing_trace
     from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import RESERVE_MIB
 
     m, tok, ids, n_ctx = prepare(a)
     order = None
@@ -94,7 +95,8 @@ def run_gpu(a, dev) -> int:
         pass
     t_load = time.perf_counter()
     eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
-                    reserve_mib=a.vram_reserve_mib, chunk=a.chunk, profile_order=order,
+                    reserve_mib=RESERVE_MIB if a.vram_reserve_mib is None else a.vram_reserve_mib,
+                    chunk=a.chunk, profile_order=order,
                     config=policy.from_process(), log=note if a.stats else None, pool=pool, progress=note)
     if a.stats:
         note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")

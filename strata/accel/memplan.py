@@ -18,6 +18,7 @@ from strata.policy.plan import GRID, PLANNERS, ChunkPlan, LoanRequest, Planner, 
 from strata.policy.stream import ROUTED_ONLY_RING, ROUTED_ONLY_SLOTS, Walk, ring_budget_slots, ring_slots, walk_for
 
 MIB = 2**20
+RESERVE_MIB = 700             # VRAM left to others by default (the CUDA context, a display): --vram-reserve-mib
 MAXT = policy.MAXT             # decode steps carry up to MAXT tokens (speculative verification)
 GROUP = 16                     # experts per launch group: decode's weight scratch, and a prompt's when room allows
 DECODE_SCRATCH = 0             # for_prompt's group when the prompt borrows decode's weight scratch (GROUP experts)
@@ -99,7 +100,7 @@ def kv_bytes(cfg, n_ctx: int) -> int:
     return cfg.n_layer * 2 * n_ctx * cfg.n_kv * 2          # fp16 K and V
 
 
-def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = 700,
+def plan_memory(model, free_bytes: int, *, n_ctx: int, vram_budget: int | None = None, reserve_mib: int = RESERVE_MIB,
                 expert_cache: int | None = None, chunk: int | None = None, lend_pct: int = 90,
                 groups: tuple[int, ...] = PROMPT_GROUPS, graphs: bool = True) -> MemoryPlan:
     """groups: the prompt weight scratch sizes to try, largest first (the largest chunk wins, ties the largest).
@@ -238,7 +239,7 @@ def _temps(graphs: bool):
     return graph_temp_bytes if graphs else temp_bytes
 
 
-def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = 700, graphs: bool = True) -> int:
+def budget_holding(model, n_ctx: int, cache_slots: int, reserve_mib: int = RESERVE_MIB, graphs: bool = True) -> int:
     """The VRAM budget whose plan has room for exactly `cache_slots` expert slots beside everything else it
     needs (dense weights, KV, decode buffers, the step temporaries of the chunk such a cache plans, the reserve):
     what emulating a smaller card for a given cache size takes (the benchmarks' quarter-size caches)."""

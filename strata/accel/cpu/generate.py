@@ -31,15 +31,12 @@ def layer_progress(n_layer: int, note, every_s: float = 1.0, clock=time.perf_cou
     return on_layer
 
 
-GPU_ONLY = ("vram_budget", "expert_cache", "expert_profile")   # the GPU engine's VRAM plan and expert cache
+GPU_ONLY = ("vram_budget", "vram_reserve_mib", "expert_cache", "expert_profile")  # the VRAM plan, the expert cache
 
 
 def gpu_only_flags(a) -> list[str]:
     """The GPU engine's flags a CPU run was given: the whole model runs from RAM, so they change nothing."""
-    given = [f for f in GPU_ONLY if getattr(a, f, None) is not None]
-    if getattr(a, "vram_reserve_mib", 700) != 700:
-        given.append("vram_reserve_mib")
-    return ["--" + f.replace("_", "-") for f in given]
+    return ["--" + f.replace("_", "-") for f in GPU_ONLY if getattr(a, f, None) is not None]
 
 
 def run_cpu(a) -> int:
