@@ -10,8 +10,7 @@ python bench/split_ab.py MODEL.gguf 250,600,900 2,3 ROUNDS
 Per length and arm: medians of the prompt time and MB streamed, the ratio to its PCIe floor (MB / pinned H2D GB/s
 measured here), the time until its refill has landed, and one/arm with its per-round spread."""
 import sys, numpy as np
-from strata.accel.buffers import ALIGN, attn_scratch_bytes, layout_bytes
-from strata.policy.layer_major import layer_major_chunk
+from strata.accel.layer_major import chunking
 from strata.reference.agree import kl
 
 from prefill import h2d_gbps, quarter_engines, timed_prompt, warm      # bench/prefill.py
@@ -24,16 +23,10 @@ arms = {"one": engines[0]}
 
 
 def forced(e, k: int):
-    """e's layer-major choice for any prompt of at least 2k tokens: k equal chunks (the loan as choose prices it)."""
-    p = e.plan
-
+    """e's layer-major choice for any prompt of at least 2k tokens: k equal chunks (layer_major.chunking, the loan
+    as choose prices it)."""
     def choose(n: int):
-        if n < 2 * k:
-            return None
-        got = layer_major_chunk(n, -(-n // k), e.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
-                                lambda t: layout_bytes(c, t, e.dbufs.group, attn_scratch_bytes(c, t, e.n_ctx),
-                                                       False, False),
-                                n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
+        got = chunking(e, n, -(-n // k)) if n >= 2 * k else None
         return None if got is None else (*got, False)
     return choose
 

@@ -188,11 +188,17 @@ def choose(eng, n: int) -> tuple[int, int, bool] | None:
         return None
     if not refused and eng.cpu_block is not None and eng.share.on:
         return None                  # routed-only chunks the CPU shares (SPEC §4) stay chunk by chunk
-    got = layer_major_chunk(n, p.chunk, eng.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
-                            lambda t: layout_bytes(c, t, eng.dbufs.group, attn_scratch_bytes(c, t, eng.n_ctx), False,
-                                                   False),
-                            n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
+    got = chunking(eng, n, p.chunk)
     return None if got is None else (*got, refused)
+
+
+def chunking(eng, n: int, chunk: int) -> tuple[int, int] | None:
+    """policy.layer_major_chunk on eng's plan: (chunk, loan) of n tokens in chunks of at most `chunk`, or None."""
+    c, p = eng.cfg, eng.plan
+    return layer_major_chunk(n, chunk, eng.cache.n_slots, p.slot_bytes, p.loan_slots, c.n_expert,
+                             lambda t: layout_bytes(c, t, eng.dbufs.group, attn_scratch_bytes(c, t, eng.n_ctx), False,
+                                                    False),
+                             n * c.n_embd * 4 + ALIGN, p.prompt_bytes if p.owned_prompt else None)
 
 
 def _layer_end(eng, adm: Admissions, layer: int, chunks: int, chunk: int, t0: float) -> None:
