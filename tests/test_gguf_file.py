@@ -139,6 +139,17 @@ def test_a_directory_is_named_as_one(tmp_path):
         GGUFFile(tmp_path)
 
 
+def test_an_unreadable_file_is_named_as_one(tmp_path, monkeypatch):
+    """(As root, chmod 000 still reads: the refusal is injected where the file opens.)"""
+    from strata import gguf_file
+
+    def refuse(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(gguf_file, "open", refuse, raising=False)
+    with pytest.raises(GGUFError, match="m.gguf: permission denied"):
+        GGUFFile(tmp_path / "m.gguf")
+
+
 def test_large_vocabulary_parses_like_gguf_reader(tmp_path):
     """151,936 tokens (Qwen's vocabulary size): same strings as GGUFReader (speed: bench/open_gguf.py)."""
     p = tmp_path / "v.gguf"
