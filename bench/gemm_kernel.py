@@ -1,14 +1,16 @@
 """The prompt experts' grouped GEMM alone: throughput on the expert shapes of the two bench models, this tree's
 two kernels side by side (`gemm_grouped_mma128` over tiles of up to 128 rows, `gemm_grouped_mma` over 64-row
-tiles), and optionally the kernel of another git revision, timed in the same interleaved rounds.
+tiles), and optionally the same kernels of another git revision, timed in the same interleaved rounds.
 
 python bench/gemm_kernel.py [--rows 8,32,56,128,512] [--experts 64] [--rounds 5] [--kernels mma128,mma]
                             [--against REV|FILE]
 
 Each case is one launch over `--experts` experts with the same number of rows each (the tiles each kernel takes),
 fp16 inputs, fp32 outputs. TFLOPS counts the useful products only (2·R·N·Kd). With --against, REV's
-engine_kernels.cu is compiled beside this tree's (its own BN read from the source, 64-row tiles). Every kernel
-runs on the same inputs in alternating order; `bits` says whether every output equals the first kernel's.
+engine_kernels.cu is compiled beside this tree's and each of --kernels runs from both (REV's launch shape read
+from its source: stop 43's and earlier kernels took 128 threads, BN columns, the 128-row one 4 stages of k32 in
+dynamic shared memory). Every kernel runs on the same inputs in alternating order; `bits` says whether every
+output equals the first kernel's.
 Needs CUDA.
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
-from strata.accel.gpu.cuda_kernels import BIG_BM, big_smem
+from strata.accel.gpu.cuda_kernels import GEMM64, GEMM128, GemmLaunch
 from strata.accel.moe import GEMM_BM, ROWS_TILE
 from strata.accel.rows_host import group_tiles
 
@@ -61,22 +63,32 @@ def _source_at(rev: str) -> str:
     return flat("engine_kernels.cu")
 
 
+def _launch_of(code: str, big: bool) -> GemmLaunch:
+    """A source's launch shape for one of its two kernels: this tree's GemmLaunch where the source takes the
+    templated tile (mma.cuh GEMM64_ARGS), else stop 43's fixed one (BN from `#define BN`)."""
+    if "GEMM64_ARGS" in code:
+        return GEMM128 if big else GEMM64
+    bn = int(re.search(r"^#define BN (\d+)", code, re.M).group(1))
+    return GemmLaunch(128, bn, 128, 4 * (128 + bn) * 40 * 2) if big else GemmLaunch(GEMM_BM, bn, 128, 0)
+
+
 class Kernel:
-    """One grouped-GEMM kernel of a source: `big` takes gemm_grouped_mma128 (128-row tiles, dynamic shared memory
-    sized as CudaKernels sizes it), else gemm_grouped_mma (64-row tiles)."""
+    """One grouped-GEMM kernel of a source: `big` takes gemm_grouped_mma128 (128-row tiles), else gemm_grouped_mma
+    (64-row tiles), each launched as its source sizes it."""
 
     def __init__(self, cp, code: str, name: str, big: bool = False):
         self.name = name
-        fn = "gemm_grouped_mma128" if big else "gemm_grouped_mma"
-        self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function(fn)
-        self.bn = int(re.search(r"^#define BN (\d+)", code, re.M).group(1))
-        self.bm, self.smem = (BIG_BM, big_smem(self.fn)) if big else (GEMM_BM, 0)
+        self.fn = cp.RawModule(code=code, options=("--std=c++17",)).get_function(
+            "gemm_grouped_mma128" if big else "gemm_grouped_mma")
+        self.shape = _launch_of(code, big)
+        if self.shape.smem:
+            self.shape.prepare(self.fn)
+        self.bm = self.shape.rows
 
     def __call__(self, out, a, w, tiles, n_tiles, stream):
         N, Kd = w.shape[1], w.shape[2]
-        self.fn((n_tiles, -(-N // self.bn)), (128,), (out, np.int32(out.shape[1]), a, np.int32(a.shape[1]), w,
-                                                      tiles, np.int32(N), np.int32(Kd)), stream=stream,
-                shared_mem=self.smem)
+        self.shape.launch(self.fn, n_tiles, N, (out, np.int32(out.shape[1]), a, np.int32(a.shape[1]), w, tiles,
+                                                np.int32(N), np.int32(Kd)), stream)
 
 
 def main(argv=None) -> int:
@@ -86,16 +98,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10, help="launches per timing")
     ap.add_argument("--kernels", default="mma128,mma", help="this tree's kernels to run, comma-separated")
-    ap.add_argument("--against", help="a git revision (or a flattened .cu file) whose gemm_grouped_mma runs "
+    ap.add_argument("--against", help="a git revision (or a flattened .cu file) whose kernels of --kernels run "
                                        "beside this tree's")
     args = ap.parse_args(argv)
     print(f"# python bench/gemm_kernel.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     import cupy as cp
 
     here = dq.source("engine_kernels.cu")
-    kernels = [Kernel(cp, here, name, big=name == "mma128") for name in args.kernels.split(",")]
+    names = args.kernels.split(",")
+    kernels = [Kernel(cp, here, name, big=name == "mma128") for name in names]
     if args.against:
-        kernels.append(Kernel(cp, _source_at(args.against), args.against))
+        there = _source_at(args.against)
+        kernels += [Kernel(cp, there, f"{args.against}:{name}", big=name == "mma128") for name in names]
     print(f"# {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {args.experts} experts a launch, "
           f"median of {args.rounds} rounds of {args.reps} launches, kernels alternating by round")
     head = "| shape | rows/expert | " + " | ".join(f"{k.name} ms (TFLOPS)" for k in kernels)

@@ -37,12 +37,14 @@ def close(a, b, rel):
     assert err <= rel, f"max error {err:.2e} of scale {scale:.3g} exceeds {rel:.0e}"
 
 
+@pytest.mark.parametrize("K", [256, 96])
 @pytest.mark.parametrize("kind,big", [("mma", False), ("mma", True), ("simt", True)])
-def test_gemm_grouped(devs, kind, big, monkeypatch):
-    """big: tiles of up to 128 rows (gemm_grouped_mma128 on "mma"), else of up to 64 (gemm_grouped_mma)."""
+def test_gemm_grouped(devs, kind, big, K, monkeypatch):
+    """big: tiles of up to 128 rows (gemm_grouped_mma128 on "mma"), else of up to 64 (gemm_grouped_mma). K 96: the
+    mma kernels' k step (64) ends past the rows' last half."""
     c, _ = devs
     monkeypatch.setattr(c.k, "gemm_kind", kind)
-    R, K, N, G = 300, 256, 200, 3
+    R, N, G = 300, 200, 3
     rng = np.random.default_rng(1)
     a = rng.standard_normal((R, K)).astype(np.float16)
     w = (rng.standard_normal((G, N, K)) / 16).astype(np.float16)
@@ -81,10 +83,11 @@ def test_gemm_residency_invariance(devs):
 def test_gemm_mma128_gives_mma_bits(devs, seed):
     """gemm_grouped_mma128 over tiles of up to 128 rows gives gemm_grouped_mma's bits over the same rows cut into
     64-row tiles (the same MMAs in the same k order), so which one gemm_grouped picks never changes the arithmetic.
-    Rows 1..128 a tile: warps end inside an m16 block, between blocks, or hold no rows; Kd 768 and 2048 as qwen3's."""
+    Rows 1..128 a tile: warps end inside an m16 block, between blocks, or hold no rows; Kd 768 and 2048 as qwen3's,
+    96 and 32 not multiples of the k step."""
     c, _ = devs
     rng = np.random.default_rng(seed)
-    for N, K in ((1536, 2048), (2048, 768), (200, 256)):
+    for N, K in ((1536, 2048), (2048, 768), (200, 256), (200, 96), (136, 32)):
         rows = [1, 17, 63, 64, 65, 100, 127, 128]
         R, G = sum(rows), len(rows)
         a = c.asarray(rng.standard_normal((R, K)).astype(np.float16))

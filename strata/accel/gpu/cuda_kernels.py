@@ -8,6 +8,8 @@ Every wrapper asserts dtype, shape and contiguity before a launch (STYLE point 6
 from __future__ import annotations
 
 import collections
+import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,17 +29,38 @@ PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thre
 NR_WARPS = 8                        # norm_rope_warp's heads (warps) a block
 NR_MANY = 4096                      # heads from which norm_rope_warp (a prompt's; a decode token's 36 take norm_rope)
 GEMV_MAX_T = 8                      # tokens up to which `linear` uses the GEMV kernels
-GEMM_BN = 128                       # output columns per mma block (engine_kernels.cu BN)
-BIG_BM = 128                        # gemm_grouped_mma128's row tile (mma.cuh BM_BIG)
-_BIG_SMEM = 4 * (BIG_BM + GEMM_BN) * 40 * 2   # its dynamic shared memory: STAGES_BIG x (BM_BIG + BN) x LDS halves
 ER_WARPS, ER_ROWS = 8, 2            # expert_rows: warps a block (rows_kernels.cu), weight rows a warp
 
 
-def big_smem(fn) -> int:
-    """Lets `fn` (gemm_grouped_mma128, a CuPy RawKernel) take its dynamic shared memory, past the 48 KiB default;
-    returns the bytes."""
-    fn.max_dynamic_shared_size_bytes = _BIG_SMEM
-    return _BIG_SMEM
+@dataclass(frozen=True)
+class GemmLaunch:
+    """A grouped-GEMM kernel's launch shape, from its template arguments in mma.cuh (`#define GEMM64_ARGS WM, WN,
+    MI, NJ, BK, S`: WM x WN warps of (16·MI) x (8·NJ), k step BK, S stages), so the source holds the one copy."""
+
+    rows: int           # the row tile the kernel's tiles are cut at
+    cols: int           # output columns a block (the grid's y: ceil(N / cols))
+    threads: int
+    smem: int           # dynamic shared memory, bytes: S x (rows + cols) x (BK + 8) halves
+
+    @classmethod
+    def of(cls, macro: str) -> GemmLaunch:
+        m = re.search(rf"^#define {macro} (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)$", dq.source("mma.cuh"), re.M)
+        assert m, f"mma.cuh defines no {macro}"
+        wm, wn, mi, nj, bk, s = map(int, m.groups())
+        rows, cols = wm * 16 * mi, wn * 8 * nj
+        return cls(rows, cols, wm * wn * 32, s * (rows + cols) * (bk + 8) * 2)
+
+    def prepare(self, fn) -> None:
+        """Lets `fn` (the kernel, a CuPy RawKernel) take its dynamic shared memory, past the 48 KiB default."""
+        fn.max_dynamic_shared_size_bytes = self.smem
+
+    def launch(self, fn, n_tiles: int, N: int, args, stream) -> None:
+        fn((n_tiles, -(-N // self.cols)), (self.threads,), args, stream=stream, shared_mem=self.smem)
+
+
+GEMM64, GEMM128 = GemmLaunch.of("GEMM64_ARGS"), GemmLaunch.of("GEMM128_ARGS")
+assert GEMM64.rows == GEMM_BM, "moe.GEMM_BM is gemm_grouped_mma's row tile"
+BIG_BM = GEMM128.rows               # gemm_grouped_mma128's row tile
 
 
 class _Staging:
@@ -108,7 +131,8 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             "attn_operm", "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32", "add_bias_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
         self.gemm_big_rows = BIG_BM if gemm == "mma" else 0       # rows_host.many_tile's larger tile
-        big_smem(self.fn["gemm_grouped_mma128"])
+        GEMM64.prepare(self.fn["gemm_grouped_mma"])
+        GEMM128.prepare(self.fn["gemm_grouped_mma128"])
         self.staging = _Staging(dev, STAGING_BYTES)
         # the side stream's tables (moe_block.py's blocks beside the compute stream) take a ring of their own: a
         # ring's device bytes are written again only behind the kernels that read them on the same stream
@@ -282,9 +306,10 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             self.fn["gather_f16"]((R,), (256,), (out, x, _tab_ptr(src), np.int32(R), np.int32(D)), stream=stream.s)
 
     def gemm_grouped(self, out, a, w, tiles, n_tiles, stream, max_rows=None):
-        """Tiles cut at 128 rows (max_rows > 64, or None) take gemm_grouped_mma128's 128x128 block tile, 1.06-1.26x
-        faster on experts of 80-1,024 rows; tiles cut at 64 rows the 64x128 one, up to 1.11x faster on experts of
-        up to 56 (bench/results/h200/gemm_kernel_stop32.log). Both make the same sums."""
+        """Tiles cut at 128 rows (max_rows > 64, or None) take gemm_grouped_mma128 (4 warps of 64x64), 1.09-1.36x
+        faster than the 64-row kernel on experts of 80-1,024 rows; tiles cut at 64 rows gemm_grouped_mma (8 warps
+        of 32x32), 1.10-1.30x faster than the 128-row one on experts of up to 56 (bench/results/h200/
+        gemm_kernel_stop44.log). Both make the same sums (mma.cuh gemm_tile)."""
         N, Kd = w.shape[1], w.shape[2]
         assert out.dtype == np.float32 and a.dtype == np.float16 and w.dtype == np.float16 and w.flags.c_contiguous
         assert a.strides[1] == 2 and out.strides[1] == 4 and Kd % 32 == 0, "row-major operands, k a multiple of 32"
@@ -297,10 +322,9 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             return
         assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the mma kernels copy A rows in 16-byte chunks"
         if max_rows is None or max_rows > GEMM_BM:
-            self.fn["gemm_grouped_mma128"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s,
-                                           shared_mem=_BIG_SMEM)
+            GEMM128.launch(self.fn["gemm_grouped_mma128"], n_tiles, N, args, stream.s)
         else:
-            self.fn["gemm_grouped_mma"]((n_tiles, -(-N // GEMM_BN)), (128,), args, stream=stream.s)
+            GEMM64.launch(self.fn["gemm_grouped_mma"], n_tiles, N, args, stream.s)
 
     def swiglu(self, out, gu, f, stream):
         R = out.shape[0]

@@ -6,85 +6,21 @@
 #include "mma.cuh"
 
 // ---- grouped GEMM on tensor cores ---------------------------------------------------------------------------
-// For each tile (g, r0, r1): C[r0:r1, :N] = A[r0:r1, :Kd] · W[g]^T, A fp16 [R, Kd] (lda), W fp16 [G, N, Kd],
-// C fp32 (ldc). 128 threads = 4 warps (2 x 2), block tile 64x128, k step 32 in a 3-stage cp.async pipeline
-// (one barrier a step); each warp a 32x64 tile of m16n8k16 MMAs whose fragments come by ldmatrix.
-// Each output is one fixed-order sum: the MMAs of its row and column in ascending k16 steps, whatever the tile
-// or the launch, so the result depends only on its rows and W[g] (residency-invariant). Neither the tile shape
-// nor the pipeline enters the arithmetic: stop 16's 64x64 register-prefetch kernel gave the same bits
-// (bench/gemm_kernel.py checks it on the device).
+// mma.cuh gemm_tile states the contract and the fixed-order sums. Which tiling runs where (bench/gemm_kernel.py,
+// gemm_kernel_stop44.log on the H200): a k step of 64 in 3 stages instead of 32 in 3-4 halves the barriers a
+// product; 64-row tiles (experts of up to 64 rows: weight reads bound them) take 8 warps of 32x32, 1.3-1.6x the
+// 4 warps of 32x64 at 8-56 rows an expert; 128-row tiles keep 4 warps of 64x64, 1.0-1.3x their k32 form.
 
-// One block's tile (g, r0, r1) x columns n0.. of the product, ROWS rows (32 per 4-row loader step) x BN columns, 4
-// warps (2 x 2) of (16·MI) x 64, an S-stage cp.async pipeline in As/Bs; SKIP: a warp skips its m16 blocks past
-// the tile's last row (no stored output changes).
-template <int ROWS, int MI, int S, bool SKIP>
-__device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, int lda, const half_t* W,
-                                          const int* tiles, int N, int Kd, half_t (*As)[ROWS][LDS],
-                                          half_t (*Bs)[BN][LDS]) {
-    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
-    const int n0 = blockIdx.y * BN;
-    const half_t* Wg = W + (long long)g * N * Kd;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = (warp >> 1) * 16 * MI, wn = (warp & 1) * 64;
-    const int live = SKIP ? min(MI, max(0, (r1 - r0 - wm + 15) >> 4)) : MI;     // this warp's m16 blocks with rows
-    // W loads: a stage is BN rows of 4 16-byte chunks; thread tid takes chunk tid & 3 of rows tid >> 2 (+32, +64,
-    // +96). Rows past N load zeros.
-    const ALoader<ROWS> al(A, lda, r0, r1, tid);
-    const int lr = tid >> 2, lc = (tid & 3) * 8;
-    const half_t* bsrc[4];
-    bool bok[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int n = n0 + lr + 32 * i;
-        bok[i] = n < N;
-        bsrc[i] = Wg + (long long)(bok[i] ? n : 0) * Kd + lc;
-    }
-    const int nk = Kd / BK;
-    auto load = [&](int stage, int kt) {
-        const int k0 = kt * BK;
-        al.load(As[stage], k0);
-#pragma unroll
-        for (int i = 0; i < 4; i++) cp_async16(&Bs[stage][lr + 32 * i][lc], bsrc[i] + k0, bok[i]);
-    };
-    float acc[MI][8][4];
-    zero_acc<MI>(acc);
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) {
-        if (s < nk) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait_stages<S>();
-        __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
-        if (kt + S - 1 < nk) load((kt + S - 1) % S, kt + S - 1);
-        cp_async_commit();
-        if (live) mma_step<MI>(acc, As[kt % S], Bs[kt % S], wm, wn, lane, live);
-    }
-    cp_async_wait_all();
-    store_acc<MI>(C, ldc, acc, r0 + wm, r1, n0 + wn, N, lane);
-}
-
-// 64-row tiles: a 64x128 block tile, each warp 32x64, 3 stages in static shared memory
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma(float* C, int ldc, const half_t* A, int lda,
-                                                                   const half_t* W, const int* tiles, int N,
-                                                                   int Kd) {
-    __shared__ __align__(16) half_t As[STAGES][BM][LDS];
-    __shared__ __align__(16) half_t Bs[STAGES][BN][LDS];
-    gemm_tile<BM, 2, STAGES, false>(C, ldc, A, lda, W, tiles, N, Kd, As, Bs);
-}
-
-// Tiles of up to 128 rows (kernels.py gemm_grouped: a launch group cut at 128 rows): a 128x128 block tile, each
-// warp a 64x64 tile, so a k16 step's fragments feed twice the MMAs of the 32x64 warp tile (half the shared-memory
-// reads per product), in a 4-stage pipeline in dynamic shared memory; a warp skips its m16 row blocks past the
-// tile's last row. Every output is the same fixed-order sum as gemm_grouped_mma's (the same MMAs on the same
-// fragments in ascending k16 steps), so the two kernels give the same bits.
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) gemm_grouped_mma128(float* C, int ldc, const half_t* A,
-                                                                      int lda, const half_t* W, const int* tiles,
-                                                                      int N, int Kd) {
+extern "C" __global__ void __launch_bounds__(GemmTile<GEMM64_ARGS>::THREADS) gemm_grouped_mma(
+    float* C, int ldc, const half_t* A, int lda, const half_t* W, const int* tiles, int N, int Kd) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    half_t(*As)[BM_BIG][LDS] = reinterpret_cast<half_t(*)[BM_BIG][LDS]>(smem_raw);
-    half_t(*Bs)[BN][LDS] = reinterpret_cast<half_t(*)[BN][LDS]>(smem_raw + STAGES_BIG * BM_BIG * LDS * 2);
-    gemm_tile<BM_BIG, 4, STAGES_BIG, true>(C, ldc, A, lda, W, tiles, N, Kd, As, Bs);
+    gemm_tile<GEMM64_ARGS>(C, ldc, A, lda, W, tiles, N, Kd, smem_raw);
+}
+
+extern "C" __global__ void __launch_bounds__(GemmTile<GEMM128_ARGS>::THREADS) gemm_grouped_mma128(
+    float* C, int ldc, const half_t* A, int lda, const half_t* W, const int* tiles, int N, int Kd) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    gemm_tile<GEMM128_ARGS>(C, ldc, A, lda, W, tiles, N, Kd, smem_raw);
 }
 
 // The same product on plain fp32 cores (STRATA_GEMM=simt): a fallback and a cross-check of the MMA kernel.

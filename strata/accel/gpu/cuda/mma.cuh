@@ -1,18 +1,8 @@
-// Tensor-core pieces of the prompt experts' grouped GEMMs (engine_kernels.cu gemm_grouped_mma and
-// gemm_grouped_mma128): the block tiles, PTX wrappers for m16n8k16 MMAs, ldmatrix and cp.async (sm_80+), and the
-// per-warp fragment, MMA and store steps, templated on the m16 row blocks a warp holds (MI).
+// Tensor-core pieces: PTX wrappers for m16n8k16 MMAs, ldmatrix and cp.async (sm_80+), used by the prompt's
+// attention (attn_kernels.cu), and the experts' grouped GEMM tile (engine_kernels.cu gemm_grouped_mma and
+// gemm_grouped_mma128), templated on its warp grid, warp tile, k step and pipeline depth.
 #pragma once
 #include "common.cuh"
-
-#define BM 64
-#define BN 128
-#define BK 32
-#define PAD 8          // halves after each 32-half smem row: rows 80 bytes apart, so ldmatrix's 8 rows hit 32 banks
-#define STAGES 3
-#define LDS (BK + PAD)
-#define MMA_THREADS 128  // 4 warps (2 x 2), each a 32x64 tile of the 64x128 block tile
-#define BM_BIG 128       // gemm_grouped_mma128: 4 warps (2 x 2), each a 64x64 tile of a 128x128 block tile
-#define STAGES_BIG 4     // its pipeline depth (dynamic shared memory: STAGES_BIG x (BM_BIG + BN) x LDS halves)
 
 __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -45,95 +35,129 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
                  : "r"(smem_addr(p)));
 }
 
-// The A operand's loader: a stage is the tile's ROWS rows x BK halves in 16-byte chunks by cp.async; thread tid
-// takes chunk tid & 3 of rows tid >> 2, + 32, ... (ROWS / 32 rows). Rows past r1 load zeros (and read nothing).
-template <int ROWS>
-struct ALoader {
-    const half_t* src[ROWS / 32];
-    bool ok[ROWS / 32];
-    int lr, lc;
-    __device__ __forceinline__ ALoader(const half_t* A, int lda, int r0, int r1, int tid)
-        : lr(tid >> 2), lc((tid & 3) * 8) {
-#pragma unroll
-        for (int i = 0; i < ROWS / 32; i++) {
-            const int r = r0 + lr + 32 * i;
-            ok[i] = r < r1;
-            src[i] = A + (long long)(ok[i] ? r : r0) * lda + lc;
-        }
-    }
-    __device__ __forceinline__ void load(half_t (*As)[LDS], int k0) const {
-#pragma unroll
-        for (int i = 0; i < ROWS / 32; i++) cp_async16(&As[lr + 32 * i][lc], src[i] + k0, ok[i]);
-    }
-};
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 // wait until at most S - 2 of this thread's cp.async groups are in flight (the oldest of S stages has landed)
 template <int S>
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;" ::"n"(S - 2)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;"); }
 
-// A warp's accumulators: MI m16 row blocks x 8 n8 column blocks (MI = 2: a 32x64 warp tile, 4: 64x64)
-template <int MI>
-__device__ __forceinline__ void zero_acc(float (*acc)[8][4]) {
+// ---- the experts' grouped GEMM --------------------------------------------------------------------------------
+// For each tile (g, r0, r1) = tiles[blockIdx.x]: C[r0:r1, n0:n0+BN] = A[r0:r1, :Kd] · W[g][n0:n0+BN, :Kd]^T, A fp16
+// [R, Kd] (lda), W fp16 [G, N, Kd], C fp32 (ldc), n0 = blockIdx.y·BN. WM x WN warps, each a (16·MI) x (8·NJ) tile of
+// m16n8k16 MMAs fed by ldmatrix; a k step of BK halves a stage, S stages of cp.async in flight, one barrier a step.
+// Each output is one fixed-order sum: the MMAs of its row and column in ascending k16 steps into one fp32
+// accumulator, whatever the tiling, so the result depends only on its rows and W[g] (residency-invariant), and every
+// instantiation gives the same bits (bench/gemm_kernel.py and test_gemm_mma128_gives_mma_bits check it).
+// Legend: R rows, G experts, N output columns, Kd the inner size (a multiple of 16).
+template <int WM, int WN, int MI, int NJ, int BK, int S>
+struct GemmTile {
+    static constexpr int BM = WM * 16 * MI, BN = WN * 8 * NJ, THREADS = WM * WN * 32;
+    static constexpr int LD = BK + 8;      // halves a smem row: rows 16 bytes past a multiple of 128, so ldmatrix's
+                                           // 8 rows fall on distinct banks
+    static constexpr int CH = BK / 8;      // 16-byte chunks of a row a stage
+    static constexpr int NA = BM * CH / THREADS, NB = BN * CH / THREADS;     // chunks a thread loads a stage
+    static constexpr int SMEM = S * (BM + BN) * LD * 2;                     // dynamic shared memory, bytes
+};
+
+template <int WM, int WN, int MI, int NJ, int BK, int S>
+__device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, int lda, const half_t* W,
+                                          const int* tiles, int N, int Kd, unsigned char* smem) {
+    using P = GemmTile<WM, WN, MI, NJ, BK, S>;
+    constexpr int LD = P::LD;
+    static_assert(P::BM * P::CH % P::THREADS == 0 && P::BN * P::CH % P::THREADS == 0, "whole loader passes");
+    static_assert(NJ % 2 == 0, "B fragments come two n8 blocks a ldmatrix");
+    half_t(*As)[P::BM][LD] = reinterpret_cast<half_t(*)[P::BM][LD]>(smem);                 // [S][BM][LD]
+    half_t(*Bs)[P::BN][LD] = reinterpret_cast<half_t(*)[P::BN][LD]>(smem + S * P::BM * LD * 2);   // [S][BN][LD]
+    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
+    const int n0 = blockIdx.y * P::BN;
+    const half_t* Wg = W + (long long)g * N * Kd;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = (warp / WN) * 16 * MI, wn = (warp % WN) * 8 * NJ;
+    const int live = min(MI, max(0, (r1 - r0 - wm + 15) >> 4));     // this warp's m16 blocks holding rows
+    // loads: chunk c = tid + i·THREADS of a stage is row c / CH, halves (c % CH)·8.. of it; rows past r1 (A) or N
+    // (W), and halves past Kd, load zeros and read nothing
+    const half_t* asrc[P::NA];
+    bool aok[P::NA];
+    const half_t* bsrc[P::NB];
+    bool bok[P::NB];
+#pragma unroll
+    for (int i = 0; i < P::NA; i++) {
+        const int c = tid + i * P::THREADS, r = r0 + c / P::CH;
+        aok[i] = r < r1;
+        asrc[i] = A + (long long)(aok[i] ? r : r0) * lda + (c % P::CH) * 8;
+    }
+#pragma unroll
+    for (int i = 0; i < P::NB; i++) {
+        const int c = tid + i * P::THREADS, n = n0 + c / P::CH;
+        bok[i] = n < N;
+        bsrc[i] = Wg + (long long)(bok[i] ? n : 0) * Kd + (c % P::CH) * 8;
+    }
+    const int nk = (Kd + BK - 1) / BK;
+    auto load = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < P::NA; i++) {
+            const int c = tid + i * P::THREADS, k = k0 + (c % P::CH) * 8;
+            cp_async16(&As[stage][c / P::CH][(c % P::CH) * 8], asrc[i] + (k < Kd ? k0 : 0), aok[i] && k < Kd);
+        }
+#pragma unroll
+        for (int i = 0; i < P::NB; i++) {
+            const int c = tid + i * P::THREADS, k = k0 + (c % P::CH) * 8;
+            cp_async16(&Bs[stage][c / P::CH][(c % P::CH) * 8], bsrc[i] + (k < Kd ? k0 : 0), bok[i] && k < Kd);
+        }
+    };
+    float acc[MI][NJ][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
-}
-
-// the A operand's fragments for k16 step kk: rows wm..wm+16·MI-1 of the smem tile (MI m16 blocks)
-template <int MI, int LDA>
-__device__ __forceinline__ void frag_a(u32 (*a)[4], const half_t (*As)[LDA], int wm, int kk, int lane) {
 #pragma unroll
-    for (int i = 0; i < MI; i++) ldmatrix_x4(a[i], &As[wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-}
-
-// the W operand's fragments for k16 step kk: smem rows wn..wn+63 (eight n8 blocks, two per ldmatrix)
-__device__ __forceinline__ void frag_b(u32 (*b)[2], const half_t (*Bs)[LDS], int wn, int kk, int lane) {
-    const int br = (lane & 7) + (lane >> 4) * 8, bc = ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-        u32 r[4];
-        ldmatrix_x4(r, &Bs[wn + j * 8 + br][kk + bc]);
-        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
     }
-}
-
-// acc[i][j] += the warp's (16·MI)x64 tile over one BK step: ascending k16 steps, the fixed order every output
-// keeps. Row blocks i >= live (no row of the tile there) are skipped: a warp-uniform bound, and skipping them
-// changes no other output.
-template <int MI>
-__device__ __forceinline__ void mma_step(float (*acc)[8][4], const half_t (*As)[LDS], const half_t (*Bs)[LDS],
-                                         int wm, int wn, int lane, int live = MI) {
+    const int br = (lane & 7) + (lane >> 4) * 8, bc = ((lane >> 3) & 1) * 8;   // ldmatrix rows of the W fragments
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_stages<S>();
+        __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
+        if (kt + S - 1 < nk) load((kt + S - 1) % S, kt + S - 1);
+        cp_async_commit();
+        if (live) {
+            const half_t(*as)[LD] = As[kt % S];
+            const half_t(*bs)[LD] = Bs[kt % S];
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-        u32 a[MI][4], b[8][2];
-        frag_a<MI, LDS>(a, As, wm, kk, lane);
-        frag_b(b, Bs, wn, kk, lane);
+            for (int kk = 0; kk < BK; kk += 16) {
+                if (kt * BK + kk >= Kd) break;       // a last stage past Kd: no MMA of zeros (the k16 steps stay
+                                                     // those of Kd, so a tail changes no sum)
+                u32 a[MI][4], b[NJ][2];
 #pragma unroll
-        for (int i = 0; i < MI; i++)
-            if (i < live)
+                for (int i = 0; i < MI; i++) ldmatrix_x4(a[i], &as[wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
-                for (int j = 0; j < 8; j++) mma16816(acc[i][j], a[i], b[j]);
+                for (int j = 0; j < NJ; j += 2) {
+                    u32 r[4];
+                    ldmatrix_x4(r, &bs[wn + j * 8 + br][kk + bc]);
+                    b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int i = 0; i < MI; i++)
+                    if (i < live)            // warp-uniform; skipping a row block changes no other output
+#pragma unroll
+                        for (int j = 0; j < NJ; j++) mma16816(acc[i][j], a[i], b[j]);
+            }
+        }
     }
-}
-
-// C[r, n] = acc for the warp's rows r < r1 and columns n < N (fp32, row stride ldc)
-template <int MI>
-__device__ __forceinline__ void store_acc(float* C, int ldc, const float (*acc)[8][4], int rw, int r1, int nw, int N,
-                                          int lane) {
-    const int gid = lane >> 2, t4 = lane & 3;
+    cp_async_wait_all();
+    const int gid = lane >> 2, t4 = lane & 3;          // the m16n8 accumulator's rows gid, gid + 8; columns 2·t4, +1
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int n = nw + j * 8 + t4 * 2;
+        for (int j = 0; j < NJ; j++) {
+            const int n = n0 + wn + j * 8 + t4 * 2;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = rw + i * 16 + gid + h * 8;
+                const int r = r0 + wm + i * 16 + gid + h * 8;
                 if (r < r1) {
                     if (n < N) C[(long long)r * ldc + n] = acc[i][j][2 * h];
                     if (n + 1 < N) C[(long long)r * ldc + n + 1] = acc[i][j][2 * h + 1];
@@ -141,3 +165,8 @@ __device__ __forceinline__ void store_acc(float* C, int ldc, const float (*acc)[
             }
         }
 }
+
+// the two instantiations' parameters (cuda_kernels.py reads their threads and shared memory from GEMM_LAUNCH):
+// 64-row tiles, 8 warps (2 x 4) of 32x32; 128-row tiles, 4 warps (2 x 2) of 64x64; both a k step of 64 in 3 stages
+#define GEMM64_ARGS 2, 4, 2, 4, 64, 3
+#define GEMM128_ARGS 2, 2, 4, 8, 64, 3
