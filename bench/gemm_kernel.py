@@ -45,9 +45,9 @@ SHAPES = (("qwen3 gate|up", 1536, 2048), ("qwen3 down", 2048, 768),
           ("flash gate|up", 1280, 2560), ("flash down", 2560, 640))
 
 
-def _source_at(rev: str) -> str:
-    """engine_kernels.cu of git revision `rev` with its local headers inlined from the same revision; or, where
-    `rev` names a file, that file (a source already flattened, for a machine without the repository's history)."""
+def _source_at(rev: str, name: str = "engine_kernels.cu") -> str:
+    """cuda/`name` of git revision `rev` with its local headers inlined from the same revision; or, where `rev`
+    names a file, that file (a source already flattened, for a machine without the repository's history)."""
     if Path(rev).is_file():
         return Path(rev).read_text()
     seen: set[str] = set()
@@ -60,7 +60,7 @@ def _source_at(rev: str) -> str:
                               capture_output=True, text=True).stdout.replace("#pragma once\n", "")
         return re.sub(r'^#include "([^"]+)"\s*$', lambda m: flat(m.group(1)), text, flags=re.M)
 
-    return flat("engine_kernels.cu")
+    return flat(name)
 
 
 def _launch_of(code: str, big: bool) -> GemmLaunch:

@@ -37,12 +37,39 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t* st = sm + (long long)XS(Kd) * 4 + warp * MG_STAGE;
     const long long row_bytes = (long long)RB * Q::SIZE;
+    // Rows of whole 4-byte words: the next step's words are loaded into registers before this step's products, so
+    // a warp keeps a step's reads in flight while it computes (blobs read over PCIe: 1.06-1.38x a call,
+    // bench/results/h200/moe_gemv_stop44.log); other rows stage each step as it comes (warp_stage). The same
+    // parts, dequantised and added in the same order either way.
+    constexpr int WPL = (BPS * Q::SIZE / 4 + 31) / 32;       // 4-byte words a lane holds of a full step
+    const bool words = (BPS * Q::SIZE) % 4 == 0 && row_bytes % 4 == 0 && ((unsigned long long)W & 3ull) == 0;
     for (int n = blockIdx.x * MG_WARPS + warp; n < N; n += gridDim.x * MG_WARPS) {
         const uint8_t* row = W + n * row_bytes;
         float acc = 0.f;
+        u32 r[WPL];
+        auto fetch = [&](int b0) {                            // step b0's words, lane-strided (coalesced)
+            const int nw = min(BPS, RB - b0) * Q::SIZE / 4;
+            const u32* src = reinterpret_cast<const u32*>(row + (long long)b0 * Q::SIZE);
+            STRATA_UNROLL
+            for (int j = 0; j < WPL; j++)
+                if (lane + 32 * j < nw) r[j] = src[lane + 32 * j];
+        };
+        if (words) fetch(0);
         for (int b0 = 0; b0 < RB; b0 += BPS) {
-            float v[Q::PART];
-            if (stage_row_part<Q>(st, row, b0, RB, lane, v)) {
+            const int nb = min(BPS, RB - b0);
+            if (words) {
+                const int nw = nb * Q::SIZE / 4;
+                STRATA_UNROLL
+                for (int j = 0; j < WPL; j++)
+                    if (lane + 32 * j < nw) reinterpret_cast<u32*>(st)[lane + 32 * j] = r[j];
+                __syncwarp();
+                if (b0 + BPS < RB) fetch(b0 + BPS);
+            } else {
+                warp_stage(st, row + (long long)b0 * Q::SIZE, nb * Q::SIZE, lane);
+            }
+            if (lane < nb * PPB) {
+                float v[Q::PART];
+                Q::dq_part(st + (lane / PPB) * Q::SIZE, lane % PPB, v);
                 const float* xv = xs + XS(b0 * Q::QK + lane * Q::PART);     // a part never crosses a pad
                 STRATA_UNROLL
                 for (int i = 0; i < Q::PART; ++i) acc = fmaf(h2f(f2h(v[i])), xv[i], acc);
