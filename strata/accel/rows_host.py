@@ -88,8 +88,9 @@ def layout(ids, cnt, res, strm, cpu, K):
 @njit(cache=True, nogil=True)
 def many_tile(cnt, few_rows, gemm_bm, big_bm):
     """The GEMM row tile of a launch group whose members have cnt [m] rows: big_bm when every many-row member
-    (more than few_rows rows) has more than gemm_bm, so each fills gemm_grouped_mma128's 128-row block tile (that
-    kernel is 0.90-1.01x on experts of up to 56 rows, bench/results/h200/gemm_kernel_stop32.log), else gemm_bm.
+    (more than few_rows rows) has more than gemm_bm, so each fills gemm_grouped_mma128's 128-row block tile (the
+    64-row kernel takes 0.77-0.91 of its time on experts of up to 56 rows and 1.09-1.36 from 80,
+    bench/results/h200/gemm_kernel_stop44.log), else gemm_bm.
     big_bm 0: always gemm_bm."""
     if big_bm <= gemm_bm:
         return gemm_bm
