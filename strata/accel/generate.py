@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 import time
 
@@ -85,19 +87,23 @@ def run_gpu(a, dev) -> int:
             raise ValueError(f"--expert-profile is a trace of another model shape ({head['n_layer']} layers x "
                              f"{head['n_expert']} experts)")
         order = routing_trace.hottest_first(counts, m.cfg.n_layer, m.cfg.n_expert)
-    pool = None
+    pool, notice = None, contextlib.nullcontext
     try:
+        from strata.accel.cpu.compile_note import compile_notice
         from strata.accel.cpu.pool import ExpertPool, default_workers
 
         workers = a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1)
-        pool = ExpertPool(workers)
+        notice = functools.partial(compile_notice, note, "the host's kernels")
+        with notice():
+            pool = ExpertPool(workers)
     except ImportError:        # a build without the CPU backend: the GPU streams every miss
         pass
     t_load = time.perf_counter()
-    eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
-                    reserve_mib=RESERVE_MIB if a.vram_reserve_mib is None else a.vram_reserve_mib,
-                    chunk=a.chunk, profile_order=order,
-                    config=policy.from_process(), log=note if a.stats else None, pool=pool, progress=note)
+    with notice():
+        eng = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=a.vram_budget, expert_cache=a.expert_cache,
+                        reserve_mib=RESERVE_MIB if a.vram_reserve_mib is None else a.vram_reserve_mib,
+                        chunk=a.chunk, profile_order=order,
+                        config=policy.from_process(), log=note if a.stats else None, pool=pool, progress=note)
     if a.stats:
         note(f"load {time.perf_counter() - t_load:.1f} s on {dev.name}")
     writer = None
@@ -105,8 +111,12 @@ def run_gpu(a, dev) -> int:
         writer = routing_trace.RoutingWriter(a.dump_routing, m)
         eng.on_routing = writer.layer
         writer.bind(eng)
+    def prefill(ids):
+        with notice():         # a first run compiles the engine's host-side layout and table code (Numba) here
+            return eng.prefill(ids)
+
     try:
-        stream_generate(a, tok, ids, eng.prefill, lambda t: eng.decode([t])[-1])
+        stream_generate(a, tok, ids, prefill, lambda t: eng.decode([t])[-1])
     finally:
         if writer:
             writer.close()

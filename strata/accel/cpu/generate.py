@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -41,6 +42,7 @@ def gpu_only_flags(a) -> list[str]:
 
 def run_cpu(a) -> int:
     from strata import routing_trace
+    from strata.accel.cpu.compile_note import compile_notice
     from strata.accel.cpu.ops import CpuEngine
     from strata.accel.cpu.pool import ExpertPool
     from strata.accel.generate import prepare, stream_generate
@@ -51,11 +53,16 @@ def run_cpu(a) -> int:
     if ignored:
         _note(f"{', '.join(ignored)}: the GPU engine's (VRAM and its expert cache); the CPU backend runs the whole "
               f"model from RAM, so they change nothing here (--device host runs the GPU engine on its CPU twin)")
+    compiling = contextlib.ExitStack()          # one line while the pool and the warm-up compile (a first run)
+    compiling.enter_context(compile_notice(_note))
     pool = ExpertPool(getattr(a, "pool_workers", None))
     eng = CpuEngine(m, pool=pool, n_ctx=n_ctx)
     writer = None
     try:
-        eng.forward(ids[:1])   # loads (or compiles) every kernel this model needs, outside the timings
+        try:
+            eng.forward(ids[:1])   # loads (or compiles) every kernel this model needs, outside the timings
+        finally:
+            compiling.close()
         eng.reset()
         _note(f"load {time.perf_counter() - t_load:.1f} s: {m.cfg.arch}, {m.cfg.n_layer} layers, "
               f"{pool.workers} pool workers + host, pipeline {'on' if pool.pipeline else 'off'}")
