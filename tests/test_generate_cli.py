@@ -170,6 +170,33 @@ def test_ctrl_c_ends_generate_with_one_line(device, tmp_path):
     assert len(list(recs)) >= head["n_layer"]         # the prompt's records at least, every line whole
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+def test_ctrl_c_inside_a_numba_call_is_an_interrupt(wrap, monkeypatch, capsys):
+    """^C landing in Numba's own Python callbacks (unpickling a cached kernel's constants) comes out as a SystemError
+    caused by the KeyboardInterrupt (seen in CI on test_ctrl_c_ends_generate_with_one_line): the same one line and
+    status 130; any other SystemError is not swallowed."""
+    import strata.accel.__main__ as entry
+
+    def run(a):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            if wrap:
+                raise SystemError("CPUDispatcher(<function launch>) returned a result with an exception set") from e
+            raise
+
+    monkeypatch.setattr(entry, "run_cpu", run)
+    assert main(["generate", "--device", "cpu", "-n", "1"]) == 130
+    assert capsys.readouterr().err == "\nstrata: interrupted\n"
+
+    def other(a):
+        raise SystemError("not an interrupt")
+
+    monkeypatch.setattr(entry, "run_cpu", other)
+    with pytest.raises(SystemError, match="not an interrupt"):
+        main(["generate", "--device", "cpu", "-n", "1"])
+
+
 def test_an_arena_past_the_available_ram_is_refused_before_pinning(monkeypatch, capsys):
     """The arena pins every routed expert: where that and HEADROOM do not fit the available host RAM, a RamShortfall
     says how much is needed and available before a byte is pinned, and `generate` prints it as one line."""

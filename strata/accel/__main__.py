@@ -90,9 +90,28 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return closed_stdout()
     except KeyboardInterrupt:           # ^C: the engine's cleanup (its pool, a trace file) has run on the way out
-        print("\nstrata: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
+    except SystemError as e:            # ^C inside a Numba call: a SystemError caused by the KeyboardInterrupt
+        if not _from_interrupt(e):
+            raise
+        return interrupted()
 
+
+def interrupted() -> int:
+    print("\nstrata: interrupted", file=sys.stderr)
+    return 130
+
+
+def _from_interrupt(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in e's chain of causes (Numba re-raises one that lands in its own Python
+    callbacks, e.g. unpickling a cached kernel's constants, as a SystemError from it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def run_cpu(a) -> int:
