@@ -6,13 +6,10 @@ plan's lists, the tables and the gather, the stats; `end`: the groups, combine a
 meanwhile); `window`: the sum before `end` (the GPU idle).
 
 python bench/prompt_window.py MODEL.gguf TOKENS ROUNDS"""
-import sys, time, inspect, textwrap, dataclasses, re, numpy as np
-from strata import models, policy
+import sys, time, inspect, textwrap, re, numpy as np
 from strata.accel import moe_block as MB
-from strata.accel.arena import Arena
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
+
+from prefill import quarter_engines            # bench/prefill.py
 
 src = textwrap.dedent(inspect.getsource(MB.MoeBlock._block))
 marks = [  # (regex of a line, label): a checkpoint after the statement that starts on that line
@@ -44,12 +41,8 @@ exec(src2, ns)
 MB.MoeBlock._block = ns["_block"]
 
 path, L, R = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-NCTX = 8200
-m = models.load(path); c = m.cfg
-dev = CudaDevice(); arena = Arena(m, dev)
-cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
-e = GpuEngine(m, dev, n_ctx=NCTX, vram_budget=budget_holding(m, NCTX, c.n_layer * c.n_expert // 4), config=cfg,
-              arena=arena)
+dev, m, arena, (e,) = quarter_engines(path, 1)            # bench/prefill.py's quarter-cache engine, share off
+c = m.cfg
 rng = np.random.default_rng(0)
 for _ in range(3):
     e.reset(); e.prefill(rng.integers(0, c.n_vocab, L).tolist())

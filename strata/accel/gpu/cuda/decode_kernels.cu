@@ -38,8 +38,8 @@ __device__ __forceinline__ void moe_gemv(float* out, int ldo, const float* x, co
     uint8_t* st = sm + (long long)XS(Kd) * 4 + warp * MG_STAGE;
     const long long row_bytes = (long long)RB * Q::SIZE;
     // Rows of whole 4-byte words: the next step's words are loaded into registers before this step's products, so
-    // a warp keeps a step's reads in flight while it computes (blobs read over PCIe: 1.06-1.38x a call,
-    // bench/results/h200/moe_gemv_stop44.log); other rows stage each step as it comes (warp_stage). The same
+    // a warp keeps a step's reads in flight while it computes (blobs read over PCIe: 1.02-1.54x a call,
+    // bench/results/h200/moe_gemv_ab_stop44.log); other rows stage each step as it comes (warp_stage). The same
     // parts, dequantised and added in the same order either way.
     constexpr int WPL = (BPS * Q::SIZE / 4 + 31) / 32;       // 4-byte words a lane holds of a full step
     const bool words = (BPS * Q::SIZE) % 4 == 0 && row_bytes % 4 == 0 && ((unsigned long long)W & 3ull) == 0;

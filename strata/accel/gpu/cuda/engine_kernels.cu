@@ -8,8 +8,8 @@
 // ---- grouped GEMM on tensor cores ---------------------------------------------------------------------------
 // mma.cuh gemm_tile states the contract and the fixed-order sums. Which tiling runs where (bench/gemm_kernel.py,
 // gemm_kernel_stop44.log on the H200): a k step of 64 in 3 stages instead of 32 in 3-4 halves the barriers a
-// product; 64-row tiles (experts of up to 64 rows: weight reads bound them) take 8 warps of 32x32, 1.3-1.6x the
-// 4 warps of 32x64 at 8-56 rows an expert; 128-row tiles keep 4 warps of 64x64, 1.0-1.3x their k32 form.
+// product; 64-row tiles (experts of up to 64 rows: weight reads bound them) take 8 warps of 32x32, 1.42-1.60x stop
+// 43's 4 warps of 32x64 at 8-56 rows an expert; 128-row tiles keep 4 warps of 64x64, 1.02-1.38x their k32 form.
 
 extern "C" __global__ void __launch_bounds__(GemmTile<GEMM64_ARGS>::THREADS) gemm_grouped_mma(
     float* C, int ldc, const half_t* A, int lda, const half_t* W, const int* tiles, int N, int Kd) {
