@@ -139,6 +139,37 @@ def test_gather_swiglu_combine(devs):
     assert np.array_equal(cu.view(np.uint32), ho.view(np.uint32)) and np.abs(cu).max() > 0
 
 
+@pytest.mark.parametrize("T, K, E, skew", [(900, 8, 128, True), (3, 8, 128, False), (1280, 10, 512, False),
+                                           (70, 2, 8, True)])
+def test_route_tables(devs, T, K, E, skew):
+    """route_hist and route_rows: the same integer tables as the host twin's (which test_row_layout holds to the
+    loop), across tiles, with experts a warp's lanes share (skew) and models of many experts."""
+    from strata.accel.gpu.kernels import ROUTE_TILE
+    from strata.accel.moe import placement, row_order
+
+    c, h = devs
+    rng = np.random.default_rng(T)
+    p = np.r_[np.full(4, 0.2), np.full(E - 4, 0.2 / (E - 4))] if skew else None
+    ids = np.stack([rng.choice(E, K, replace=False, p=p) for _ in range(T)]).astype(np.int32)
+    P, nt = T * K, -(-T * K // ROUTE_TILE)
+    cnt = np.bincount(ids.ravel(), minlength=E)
+    resident = rng.random(E) < 0.3
+    off = row_order(cnt, placement(cnt, resident, [])).off.astype(np.int32)
+    outs = []
+    for d in (c, h):
+        hist = d.zeros((nt + 1, E), np.int32)
+        slot, src = d.zeros((P + 5,), np.int32), d.zeros((P + 5,), np.int32)
+        d_ids = d.asarray(ids)
+        d.k.route_hist(hist, d_ids, P, d.compute)
+        d.k.route_rows(slot, src, d_ids, d.asarray(off), hist, P, K, d.compute)
+        d.synchronize()
+        outs.append([d.tohost(a) if d is c else np.array(a) for a in (hist, slot, src)])
+    (ch, cs, cr), (hh, hs, hr) = outs
+    assert np.array_equal(ch[:nt], hh[:nt]) and np.array_equal(ch[:nt].sum(0), cnt)
+    assert np.array_equal(cs, hs) and np.array_equal(cr, hr)
+    assert sorted(cs[:P].tolist()) == list(range(P))
+
+
 def test_sigmoid_gate(devs):
     """One kernel, the bits of the CuPy expression it replaced (s · 1 / (1 + exp(-g)))."""
     c, _ = devs

@@ -49,6 +49,62 @@ def test_row_layout_is_the_loops(r):
     assert [int(lay.off[e]) for e in order] == lay.starts.tolist() == np.cumsum([0] + [cnt[e] for e in order])[:-1].tolist()
 
 
+def _device_layout(ids, cnt, parts):
+    """row_order on the host, the pairs' rows by the host twin's route_hist and route_rows (the engine's device
+    layout, moe_block.py): -> (the layout, src [P], slot [T, K], the counts from the downloaded hist)."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.gpu.kernels import ROUTE_TILE
+    from strata.accel.moe import row_order
+    from strata.accel.rows_host import tile_sums
+
+    T, K = ids.shape
+    P, E = T * K, cnt.size
+    dev = HostDevice()
+    try:
+        d_ids = np.ascontiguousarray(ids, np.int32)
+        hist = np.full((-(-P // ROUTE_TILE), E), -7, np.int32)
+        src, slot = np.full(P, -1, np.int32), np.full(P, -1, np.int32)
+        dev.k.route_hist(hist, d_ids, P, dev.compute)
+        lay = row_order(cnt, parts)
+        dev.k.route_rows(slot, src, d_ids, lay.off.astype(np.int32), hist, P, K, dev.compute)
+        dev.synchronize()
+    finally:
+        dev.close()
+    return lay, src, slot.reshape(T, K), tile_sums(hist.reshape(-1), hist.shape[0], E)
+
+
+@settings(max_examples=150, deadline=None)
+@given(routings())
+def test_the_device_layout_is_the_loops(r):
+    """The host twin's device layout (counts by tile downloaded, the order on the host, the pairs' rows where the
+    ids are) makes the loop's tables, and its counts are the routing's."""
+    ids, resident, cpu = r
+    cnt = np.bincount(ids.ravel(), minlength=resident.size)
+    parts = placement(cnt, resident, cpu)
+    lay, src, slot, counted = _device_layout(ids, cnt, parts)
+    order, want_src, want_slot = _loop_layout(ids, cnt, parts)
+    assert np.array_equal(counted, cnt)
+    assert lay.order.tolist() == order and lay.src is None and lay.slot is None
+    assert np.array_equal(src, want_src) and np.array_equal(slot, want_slot)
+    host = row_layout(ids, cnt, parts)
+    assert np.array_equal(lay.off, host.off) and np.array_equal(lay.starts, host.starts)
+    assert np.array_equal(lay.rank, host.rank)
+
+
+def test_the_device_layout_spans_tiles():
+    """Pairs past one ROUTE_TILE (a 900-token chunk of top-8 is 15 tiles): each tile's counts, and rows that carry
+    an expert's count from the tiles before."""
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(128, 8, replace=False, p=np.r_[np.full(8, 0.1), np.full(120, 0.2 / 120)])
+                    for _ in range(900)])
+    resident = rng.random(128) < 0.25
+    cnt = np.bincount(ids.ravel(), minlength=128)
+    parts = placement(cnt, resident, [])
+    lay, src, slot, counted = _device_layout(ids, cnt, parts)
+    _, want_src, want_slot = _loop_layout(ids, cnt, parts)
+    assert np.array_equal(counted, cnt) and np.array_equal(src, want_src) and np.array_equal(slot, want_slot)
+
+
 @pytest.mark.parametrize("n_expert, T, K", [(512, 120, 10), (40_000, 50, 4)])
 def test_models_of_many_experts_lay_out_alike(n_expert, T, K):
     """flash-shape's 512 experts, and past 16 bits of expert ids (the counting sort indexes ranks by id at any width)."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from strata.accel.device.base import Bump
 from strata.accel.gpu.cuda_decode import attn_decode_cols
-from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
+from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, ROUTE_TILE
 from strata.models.base import QKNorm
 
 ALIGN = Bump.ALIGN
@@ -49,6 +49,9 @@ class StepBuffers:
     x: object = None            # f32 [T, D]     the embedded chunk
     ids: object = None          # i32 [T, K]     routed experts
     w: object = None            # f32 [T, K]     routing weights
+    hist: object = None         # i32 [R/tile, E] the routing's counts by tile of pairs (kernels.route_hist)
+    src: object = None          # i32 [R]        the token of each row    } made on the device from the routing
+    slot: object = None         # i32 [R]        the row of each pair     } (kernels.route_rows)
     xg: object = None           # f16 [R, D]     expert inputs in row order
     gu: object = None           # f32 [R, 2F]    gate | up products
     hh: object = None           # f16 [R, F]     silu(gate) · up
@@ -71,6 +74,9 @@ def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver, we
     b.x = c.take((cap, D), f32) if x else None
     b.ids = c.take((cap, K), i32)
     b.w = c.take((cap, K), f32)
+    b.hist = c.take((-(-R // ROUTE_TILE), cfg.n_expert), i32)
+    b.src = c.take((R,), i32)
+    b.slot = c.take((R,), i32)
     b.xg = c.take((R, D), f16)
     b.gu = c.take((R, 2 * F), f32)
     b.hh = c.take((R, F), f16)

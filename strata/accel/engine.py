@@ -20,6 +20,7 @@ from strata.accel.arena import PROGRESS_BYTES, Arena
 from strata.accel.buffers import SIDE_PENDING, Carver, attn_scratch_bytes, carve, carve_prompt
 from strata.accel.cache import ExpertCache, uniform_order
 from strata.accel.dense import DenseWeights, DeviceOps, dense_bytes
+from strata.accel.gpu.kernels import ROUTE_TILE
 from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUPS, RESERVE_MIB, MemoryPlan,
                                   VramShortfall, plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
@@ -122,6 +123,9 @@ class GpuEngine(MoeBlock):
         # the adaptive tier (SPEC §7): usage counted in decode, moves between rounds
         self.tier = policy.TIERS.create(policy.TierKind.ADAPTIVE, c.n_layer, c.n_expert)
         self.ids_host = dev.pinned(max(p.chunk, MAXT) * c.n_expert_used * 4).view(np.int32)
+        # the routing's counts by tile of pairs, what a layer whose rows the device lays out downloads (moe_block)
+        self.hist_host = dev.pinned(-(-max(p.chunk, MAXT) * c.n_expert_used // ROUTE_TILE) * c.n_expert * 4
+                                    ).view(np.int32)
         self.sync_ev = dev.event(timing=False)
         self.pos = 0
         self.n_chunks = 0                 # steps run (a routing trace's chunk index)

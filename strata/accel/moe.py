@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.accel.rows_host import group_rows, layout, split_routed
+from strata.accel.rows_host import group_rows, layout, order_layout, split_routed
 from strata.policy.stream import resident_runs
 
 GEMM_BM = 64           # rows per GEMM tile (gemm_grouped_mma's block tile); a launch group whose many-row members
@@ -27,14 +27,16 @@ FEW_ROWS = ROWS_TILE   # experts of one tile skip the fp16 scratch: each blob by
 
 @dataclass
 class RowLayout:
-    """The routing sync's product: which rows each expert owns, and the tables the kernels read."""
+    """The routing sync's product: which rows each expert owns, and the tables the kernels read. A layout made by
+    `row_order` has no host copy of the pairs' tables (ids, src, slot None): the device makes them
+    (kernels.route_rows)."""
 
-    ids: np.ndarray           # [T, K] routed expert ids
+    ids: np.ndarray | None    # [T, K] routed expert ids
     order: np.ndarray         # experts in row order (resident | streamed | cpu)
     off: np.ndarray           # [E] first row of each routed expert (0 for the unrouted)
     cnt: np.ndarray           # [E] tokens per expert
-    src: np.ndarray           # [R] token of each row
-    slot: np.ndarray          # [T, K] row of each (token, k) pair
+    src: np.ndarray | None    # [R] token of each row
+    slot: np.ndarray | None   # [T, K] row of each (token, k) pair
     resident: list = field(default_factory=list)
     streamed: list = field(default_factory=list)
     cpu: list = field(default_factory=list)
@@ -61,6 +63,14 @@ def row_layout(ids: np.ndarray, cnt: np.ndarray, parts: tuple[np.ndarray, np.nda
                                                  res, strm, cpu_ids, K)
     return RowLayout(ids, order, off, cnt, src, slot.reshape(T, K),
                      res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
+
+
+def row_order(cnt: np.ndarray, parts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> RowLayout:
+    """row_layout's order, offsets and starts from the counts alone (cnt [E]; parts: placement()'s), for a layer
+    whose pairs' rows the device makes from its own copy of the routing (kernels.route_rows, the same rule)."""
+    res, strm, cpu_ids = parts
+    order, rank, off, starts = order_layout(cnt, res, strm, cpu_ids)
+    return RowLayout(None, order, off, cnt, None, None, res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
 
 
 def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -13,12 +13,18 @@ import time
 import numpy as np
 
 from strata.accel.deferred import DeferredBlock
-from strata.accel.moe import placement, row_layout
+from strata.accel.gpu.kernels import ROUTE_TILE
+from strata.accel.moe import placement, row_layout, row_order
+from strata.accel.rows_host import tile_sums
 from strata.accel.stream import Walk
 from strata.policy.stream import routed_group, routed_groups, unrouted_waste, walk_runs
 
 
 class MoeBlock:
+    # a prompt layer's pairs get their rows on the device from its copy of the routing (kernels.route_rows); off: on
+    # the host from the downloaded ids, the same tables (bench/knobs_ab.py)
+    rows_on_device = True
+
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
         `out` where given). A chunk's block deferred before (deferred.py) runs first, behind this chunk's dense
@@ -98,7 +104,8 @@ class MoeBlock:
     def _block(self, h, layer: int, ids_dev, w_dev, out=None):
         """moe's body; ids_dev None: the routing's download and sync event are on the stream already."""
         c, dev, k, s = self.cfg, self.dev, self.k, self.dev.compute
-        T, K = h.shape[0], c.n_expert_used
+        T, K, E = h.shape[0], c.n_expert_used, c.n_expert
+        P = T * K
         bufs = self._runner.bufs
         cb = self.cpu_block
         # the CPU share: routed-only walk of a prompt chunk, pool present (SPEC §4); decode misses (SPEC §8)
@@ -108,17 +115,27 @@ class MoeBlock:
             arm = cb.begin_layer(layer, h, s)
         elif self._decode and cb is not None:
             dev.d2h(cb.x_host[:T], h, s)
+        # a prompt layer's pairs get their rows on the device, from its copy of the routing (kernels.route_rows):
+        # the sync brings back the counts only. Not where the host needs the pairs' rows (the CPU's experts, decode)
+        # or the ids may be gone (a deferred block's: the next chunk's router rewrote them)
+        on_dev = self.rows_on_device and ids_dev is not None and not self._decode and not share_layer
+        nt = -(-P // ROUTE_TILE)
         if ids_dev is not None:
-            dev.d2h(self.ids_host[:T * K], ids_dev, s)
+            if on_dev:
+                k.route_hist(bufs.hist, ids_dev, P, s)
+                dev.d2h(self.hist_host[:nt * E], bufs.hist[:nt], s)
+            if not on_dev or self.on_routing:
+                dev.d2h(self.ids_host[:P], ids_dev, s)
             self.sync_ev.record(s)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
         t_synced = time.perf_counter()
         self.stats.sync_wait_s += t_synced - t_sync
-        ids = self.ids_host[:T * K].reshape(T, K).copy()
+        ids = self.ids_host[:P].reshape(T, K).copy() if not on_dev or self.on_routing else None
         if self.on_routing:
             self.on_routing(layer, ids)
-        cnt = np.bincount(ids.ravel(), minlength=c.n_expert)                   # tokens per expert
+        # tokens per expert
+        cnt = tile_sums(self.hist_host, nt, E) if on_dev else np.bincount(ids.ravel(), minlength=E)
         adm, inflight = self._admissions, ()
         if adm is not None:                          # a layer-major prompt: every routed expert into the cache
             inflight = adm.routed(layer, cnt)
@@ -151,7 +168,7 @@ class MoeBlock:
             walk = Walk(self._ring, self.arena, [(layer, e) for e in parts[1].tolist()],
                         group=routed_group(self._ring.n, self._runner.bufs.group))
             walk.prefetch()                          # tables are built (the link idles from the sync until then)
-        lay = row_layout(ids, cnt, parts)
+        lay = row_order(cnt, parts) if on_dev else row_layout(ids, cnt, parts)
         if self._decode:
             self.stats.lookups += int((lay.cnt > 0).sum())
             self.stats.hits += len(lay.resident)
@@ -180,10 +197,16 @@ class MoeBlock:
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
+        riders = (lay.off.astype(np.int32),) if on_dev else (lay.slot, lay.src)     # in the tables' one upload
         if plan:
-            tabs, (slot_dev, src_dev) = self._runner.tables(layer, plan, lay, riders=(lay.slot, lay.src))
+            tabs, dev_riders = self._runner.tables(layer, plan, lay, riders=riders)
         else:                                            # every routed expert on the CPU
-            tabs, (slot_dev, src_dev) = [], k.upload_many([lay.slot, lay.src], s)
+            tabs, dev_riders = [], k.upload_many(list(riders), s)
+        if on_dev:
+            k.route_rows(bufs.slot, bufs.src, ids_dev, dev_riders[0], bufs.hist, P, K, s)
+            slot_dev, src_dev = bufs.slot, bufs.src         # whole: the kernels read their first P (no views made)
+        else:
+            slot_dev, src_dev = dev_riders
         k.gather_f16(bufs.xg[:R], h, src_dev, s)                                # Xg [R, D] fp16, row order
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
         if not self._decode:
@@ -219,7 +242,8 @@ class MoeBlock:
             if layer + 1 < c.n_layer:
                 # this layer's walk is consumed: the next layer's guess may take the whole ring. Issued as soon as
                 # the layer's last copy was out, into the slots its last groups did not hold, it was 0.98-0.99x
-                # (bench/results/h200/ab_early_q8_stop35.log): fewer guesses, and host time before the last groups
+                # (bench/results/h200/ab_early_q8_stop35.log): fewer guesses, and host time before the last groups.
+                # Picked before the routing sync and issued after the combine, 0.988-0.997x (knobs_ab_q8_stop45.log)
                 self._guess(layer + 1, T)
         if share_layer:
             cb.gpu_done(s)

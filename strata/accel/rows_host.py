@@ -62,10 +62,9 @@ def expert_major(ids, rank, cnt, K):
 
 
 @njit(cache=True, nogil=True)
-def layout(ids, cnt, res, strm, cpu, K):
-    """moe.row_layout in one call: ids [P] pairs, cnt [E], the placement's three parts -> (order [n], rank [E]
-    (-1 unrouted), off [E] (0 unrouted), src [P], slot [P], starts [n]). The numpy glue around expert_major
-    (concatenation, rank and offset scatters) was ~30 us a layer on the H200's host."""
+def order_layout(cnt, res, strm, cpu):
+    """The row order of a layout: cnt [E], the placement's three parts -> (order [n], rank [E] (-1 unrouted), off
+    [E] (0 unrouted), starts [n]); the pairs' rows are expert_major's (or the device's, kernels.route_rows)."""
     E = cnt.shape[0]
     n = res.shape[0] + strm.shape[0] + cpu.shape[0]
     order = np.empty(n, np.int64)
@@ -73,15 +72,40 @@ def layout(ids, cnt, res, strm, cpu, K):
     order[res.shape[0]:res.shape[0] + strm.shape[0]] = strm
     order[res.shape[0] + strm.shape[0]:] = cpu
     rank = np.full(E, -1, np.int64)
+    starts = np.empty(n, np.int64)
+    off = np.zeros(E, np.int64)
+    s = 0
     for i in range(n):
-        rank[order[i]] = i
+        e = order[i]
+        rank[e] = i
+        starts[i] = s
+        off[e] = s
+        s += cnt[e]
+    return order, rank, off, starts
+
+
+@njit(cache=True, nogil=True)
+def tile_sums(hist, n, E):
+    """The routing's counts [E] (i64) from the first n tiles of hist (flat i32 [tiles · E], kernels.route_hist's
+    download): numpy's reshape and sum took ~15 us of the H200 host's window at 900 tokens (stop 45)."""
+    cnt = np.zeros(E, np.int64)
+    for t in range(n):
+        for e in range(E):
+            cnt[e] += hist[t * E + e]
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def layout(ids, cnt, res, strm, cpu, K):
+    """moe.row_layout in one call: ids [P] pairs, cnt [E], the placement's three parts -> (order [n], rank [E]
+    (-1 unrouted), off [E] (0 unrouted), src [P], slot [P], starts [n]). The numpy glue around expert_major
+    (concatenation, rank and offset scatters) was ~30 us a layer on the H200's host."""
+    order, rank, off, starts = order_layout(cnt, res, strm, cpu)
+    n = order.shape[0]
     c = np.empty(n, np.int64)
     for i in range(n):
         c[i] = cnt[order[i]]
-    src, slot, starts = expert_major(ids, rank, c, K)
-    off = np.zeros(E, np.int64)
-    for i in range(n):
-        off[order[i]] = starts[i]
+    src, slot, _ = expert_major(ids, rank, c, K)
     return order, rank, off, src, slot, starts
 
 
@@ -171,17 +195,18 @@ def _up16(n):
 
 
 @njit(cache=True, nogil=True)
-def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, bm, slot, src, out):
+def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, rows_tile, bm, ra, rb, out):
     """A layer's launch-group tables in CudaKernels.layer_tables' byte layout, in one pass (the whole-array numpy
     version cost ~110 us a layer on this dev box, 160-350 on the H200's host: host_breakdown_stop29.log).
     cnt, starts, first, size: group_tiles' inputs; idx_all [members]: each member's row in its group's buffer,
     the groups' members concatenated; ptr0, stride [G] u64: each group buffer's address and row stride; offs [W]
-    u64: byte offsets into a blob; slot, src: the row tables (int32 riders).
+    u64: byte offsets into a blob; ra, rb: two int32 tables riding in the copy (the host layout's slot and src,
+    or the device layout's off and an empty one).
     Sets: 2g = group g's members (few-row tables), 2g + 1 its many-row members. Writes into out (u8, at least
     pack_bound bytes: the staging ring's pinned bytes) [pointer tables offset-major [W, n_ptr] u64 | tiles i32
-    [n_tiles, 3] | slot | src, each 16-byte aligned] -> (bytes written; at [2G, W + 1] u64:
+    [n_tiles, 3] | ra | rb, each 16-byte aligned] -> (bytes written; at [2G, W + 1] u64:
     each set's W pointer tables' and its tiles' byte offsets in packed; lens [2G, 2]: its pointers and tiles;
-    n_many [G]; byte offsets of slot and src)."""
+    n_many [G]; byte offsets of ra and rb)."""
     tl, cut, many, n_many = group_tiles(cnt, starts, first, size, few_rows, rows_tile, bm)
     G = first.shape[0]
     W = offs.shape[0]
@@ -213,8 +238,8 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
     t0 = W * n_ptr * 8
     t_end = t0 + tl.size * 4
     s_at = _up16(t_end)
-    r_at = s_at + _up16(slot.size * 4)
-    need = r_at + _up16(src.size * 4)
+    r_at = s_at + _up16(ra.size * 4)
+    need = r_at + _up16(rb.size * 4)
     assert need <= out.shape[0], "pack_layer's output is smaller than pack_bound"
     packed = out[:need]
     ptrs = packed[:t0].view(np.uint64)
@@ -222,8 +247,8 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
         for i in range(n_ptr):
             ptrs[w * n_ptr + i] = addr[i] + offs[w]
     packed[t0:t_end].view(np.int32)[:] = tl.reshape(-1)
-    packed[s_at:s_at + slot.size * 4].view(np.int32)[:] = slot.reshape(-1)
-    packed[r_at:r_at + src.size * 4].view(np.int32)[:] = src.reshape(-1)
+    packed[s_at:s_at + ra.size * 4].view(np.int32)[:] = ra.reshape(-1)
+    packed[r_at:r_at + rb.size * 4].view(np.int32)[:] = rb.reshape(-1)
     at = np.empty((2 * G, W + 1), np.uint64)
     lens = np.empty((2 * G, 2), np.int64)
     for q in range(2 * G):
@@ -235,7 +260,7 @@ def pack_layer(cnt, starts, first, size, idx_all, ptr0, stride, offs, few_rows, 
     return need, at, lens, n_many, s_at, r_at
 
 
-def pack_bound(W: int, members: int, rows: int, n_slot: int, n_src: int) -> int:
+def pack_bound(W: int, members: int, rows: int, n_ra: int, n_rb: int) -> int:
     """Bytes pack_layer may write for `members` group members of `rows` rows in all, W blob offsets and the
     riders' sizes: each member's pointers in both of its sets, a tile a row at most, the alignment pads."""
-    return W * 2 * members * 8 + 12 * rows + 4 * (n_slot + n_src) + 64
+    return W * 2 * members * 8 + 12 * rows + 4 * (n_ra + n_rb) + 64

@@ -19,11 +19,12 @@ from strata.accel.gpu.cublas_lib import WORKSPACE_BYTES, Cublas
 from strata.accel.gpu.cuda_attn import CudaAttentionKernels
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.cuda_modules import ModuleSet
-from strata.accel.gpu.kernels import BlobRef, Kernels
+from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
 from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
 
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
+_NO_RIDER = np.zeros(0, np.int32)   # layer_tables' riders past those given
 SIDE_STAGING_BYTES = 4 << 20        # the side stream's own (a layer's tables are ~100 KB at 1,280 tokens)
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
 NR_WARPS = 8                        # norm_rope_warp's heads (warps) a block
@@ -139,6 +140,7 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.side_staging = _Staging(dev, SIDE_STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rfn, self._dfn = {}, {}                            # rows_kernels.cu's by type, decode_kernels.cu's
+        self._route = None                                        # route_kernels.cu's, on first use
         self._init_attention()
         self._one = np.array(1.0, np.float32)
         self._zero = np.array(0.0, np.float32)
@@ -219,27 +221,27 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         blobs | tiles (int32) | the riders (int32), each 16-byte aligned], packed by one compiled pass
         (rows_host.pack_layer: whole-array numpy cost 160-350 us a layer on the H200's host, a Python loop per group
         ~1 ms). The row tables ride in the same copy: a separate upload took ~75 us of a prompt layer's host time
-        (bench/results/h200/host_breakdown_stop27.log). Riders: the engine's two, or none."""
-        assert len(riders) in (0, 2), "the row tables (slot, src) ride in the copy, or nothing does"
+        (bench/results/h200/host_breakdown_stop27.log). Riders: up to two (the host layout's slot and src, or the
+        device layout's off)."""
+        assert len(riders) <= 2 and all(r.dtype == np.int32 for r in riders), "up to two int32 riders"
         n_g = len(groups)
         ptr0 = np.fromiter((buf.data.ptr for buf, _ in groups), np.uint64, n_g)
         stride = np.fromiter((buf.strides[0] for buf, _ in groups), np.uint64, n_g)
         idx_all = np.concatenate([np.asarray(i, np.int64) for _, i in groups])
-        slot, src = riders or (np.zeros(0, np.int32),) * 2
-        assert slot.dtype == np.int32 and src.dtype == np.int32, "riders are int32 row tables"
+        ra, rb = (tuple(riders) + (_NO_RIDER, _NO_RIDER))[:2]
         W = len(offs)
         # packed straight into the staging ring's pinned bytes: a packed array of its own (~100 KB at 1,280 tokens,
         # with the row tables) cost an allocation and a second copy, ~35 us a layer (lines_q8_stop33.log)
         off, room = self._room(pack_bound(W, idx_all.size, int(starts[-1] + cnt[-1]) if cnt.size else 0,
-                                          slot.size, src.size), stream)
+                                          ra.size, rb.size), stream)
         used, at, lens, n_many, s_at, r_at = pack_layer(
-            cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, slot, src, room)
+            cnt, starts, first, size, idx_all, ptr0, stride, np.asarray(offs, np.uint64), *tiling, ra, rb, room)
         self._send(off, used, stream)
         dev = self._st(stream).dbase + off
         # per set: (W pointer tables, tiles table) as (address, length) tuples, then its tile count
         tabs = [tuple(zip(a, (n,) * W + (nt,))) + (nt,) for a, (n, nt) in zip((at + np.uint64(dev)).tolist(),
                                                                               lens.tolist())]
-        return tabs, n_many.tolist(), [(dev + s_at, slot.size), (dev + r_at, src.size)][:len(riders)]
+        return tabs, n_many.tolist(), [(dev + s_at, ra.size), (dev + r_at, rb.size)][:len(riders)]
 
     def _as_array(self, tab: tuple, dtype):
         """A CuPy view of a packed table (the checked first launch of a shape wants an array)."""
@@ -248,6 +250,32 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
 
     def blob_table(self, refs: list[BlobRef], byte_off: int) -> np.ndarray:
         return np.asarray([r.buf.data.ptr + r.index * r.buf.strides[0] + byte_off for r in refs], np.uint64)
+
+    # --- the row layout from the device's routing ---------------------------------------------------------------
+    def _route_fn(self, name):
+        if self._route is None:
+            src = dq.source("route_kernels.cu")
+            assert re.search(r"^#define RT_TILE (\d+)", src, re.M).group(1) == str(ROUTE_TILE), "kernels.ROUTE_TILE"
+            mod = self.mods.get("route")
+            self._route = {n: mod.get_function(n) for n in ("route_hist", "route_rows")}
+        return self._route[name]
+
+    def route_hist(self, hist, ids, P, stream):
+        E = hist.shape[1]
+        assert hist.dtype == ids.dtype == np.int32 and hist.flags.c_contiguous and ids.flags.c_contiguous
+        assert hist.shape[0] * ROUTE_TILE >= P and ids.size >= P
+        if P:
+            self._route_fn("route_hist")((-(-P // ROUTE_TILE),), (ROUTE_TILE,), (hist, ids, np.int32(P), np.int32(E)),
+                                         stream=stream.s, shared_mem=E * 4)
+
+    def route_rows(self, slot, src, ids, off, hist, P, K, stream):
+        E = hist.shape[1]
+        assert slot.dtype == src.dtype == ids.dtype == hist.dtype == np.int32 and slot.size >= P and src.size >= P
+        assert slot.flags.c_contiguous and src.flags.c_contiguous and ids.flags.c_contiguous
+        if P:
+            self._route_fn("route_rows")((-(-P // ROUTE_TILE),), (ROUTE_TILE,),
+                                         (slot, src, ids, _tab_ptr(off), hist, np.int32(P), np.int32(E), np.int32(K)),
+                                         stream=stream.s, shared_mem=(ROUTE_TILE // 32 + 1) * E * 4)
 
     # --- experts ------------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):

@@ -24,6 +24,7 @@ MODULES = {
     "rows": (lambda: dq.source("rows_kernels.cu"), CXX17),
     "attn": (lambda: dq.source("attn_kernels.cu"), CXX17),
     "decode": (lambda: dq.source("decode_kernels.cu"), CXX17),
+    "route": (lambda: dq.source("route_kernels.cu"), CXX17),
 }
 SAY_AFTER_S = 1.0    # modules still compiling this long after the start were not in CuPy's cache: say so
 

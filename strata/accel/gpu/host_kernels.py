@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata import quants
-from strata.accel.gpu.kernels import BlobRef, Kernels
+from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
 from strata.reference.linalg import weight_rows
 
 F16, F32 = np.float16, np.float32
@@ -43,6 +43,28 @@ class HostKernels(Kernels):
             t[i] = (r.buf, r.index, byte_off)
         return t
 
+    # --- the row layout from the device's routing ------------------------------------------------------------
+    def route_hist(self, hist, ids, P, stream):
+        E = hist.shape[1]
+
+        def run():
+            e = ids.reshape(-1)[:P]
+            for t in range(-(-P // ROUTE_TILE)):
+                hist[t] = np.bincount(e[t * ROUTE_TILE:(t + 1) * ROUTE_TILE], minlength=E)
+
+        self._run(stream, run)
+
+    def route_rows(self, slot, src, ids, off, hist, P, K, stream):
+        def run():
+            e = ids.reshape(-1)[:P]
+            by = np.argsort(e, kind="stable")                 # pairs by expert, each expert's in pair order
+            es = e[by]
+            rows = off[es] + np.arange(P) - np.searchsorted(es, es)     # off + the pair's index among its expert's
+            slot.reshape(-1)[by] = rows
+            src.reshape(-1)[rows] = by // K
+
+        self._run(stream, run)
+
     # --- experts ---------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
         q = quants.get(qtype)
@@ -76,6 +98,7 @@ class HostKernels(Kernels):
         self._run(stream, run)
 
     def gather_f16(self, out, x, src, stream):
+        src = src.reshape(-1)[:out.shape[0]]
         self._run(stream, lambda: out.__setitem__(slice(None), x[src].astype(F16)))
 
     def gemm_grouped(self, out, a, w, tiles, n_tiles, stream, max_rows=None):
@@ -97,6 +120,8 @@ class HostKernels(Kernels):
         self._run(stream, lambda: out.__setitem__(slice(None), (_silu(gu[:, :f]) * gu[:, f:2 * f]).astype(F16)))
 
     def combine(self, out, dm, slot, w, stream):
+        slot = slot.reshape(-1)[:w.size].reshape(w.shape)
+
         def run():
             acc = np.zeros(out.shape, F32)
             for k in range(slot.shape[1]):

@@ -24,6 +24,7 @@ from strata.accel.rows_host import group_tiles
 # Head sizes whose prompt attention keeps its scores in registers (CUDA: attn_kernels.cu; the host twin keeps
 # none): those need no score buffers in the step's memory (buffers.attn_scratch_bytes).
 ONE_PASS_HEAD_DIMS = (64, 128)
+ROUTE_TILE = 512    # (token, k) pairs a `route_hist` tile (cuda/route_kernels.cu RT_TILE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,18 @@ class Kernels(abc.ABC):
         tabs, dev_riders = self.expert_tables(sets, offs, tiles, stream, riders)
         return tabs, n_many.tolist(), dev_riders
 
+    # --- the row layout from the device's routing (moe_block.py) --------------------------------------------
+    @abc.abstractmethod
+    def route_hist(self, hist, ids, P: int, stream) -> None:
+        """hist i32 [ceil(P / ROUTE_TILE), E] <- for each tile of ROUTE_TILE consecutive (token, k) pairs of ids
+        (i32, token-major, the first P), the pairs routed to each expert."""
+
+    @abc.abstractmethod
+    def route_rows(self, slot, src, ids, off, hist, P: int, K: int, stream) -> None:
+        """The expert-major row tables of the first P pairs of ids (rows_host.expert_major's rule: each expert's
+        rows hold its pairs in order): slot i32 [P] <- the row of each pair, src i32 [P] <- the token of each row.
+        off: the first row of each routed expert (i32 [E], an uploaded table); hist: route_hist's of these ids."""
+
     # --- experts -------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def dequant(self, out, blobs, qtype: int, n: int, k: int, stream) -> None:
@@ -120,7 +133,8 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def gather_f16(self, out, x, src, stream) -> None:
-        """out f16 [R, D] <- x f32 [T, D] rows src i32 [R] (uploaded: `upload` or an `expert_tables` rider)."""
+        """out f16 [R, D] <- x f32 [T, D] rows src i32 [R] (uploaded: `upload` or an `expert_tables` rider; or the
+        first R of a longer device table, route_rows')."""
 
     @abc.abstractmethod
     def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream, max_rows: int | None = None) -> None:
@@ -135,7 +149,8 @@ class Kernels(abc.ABC):
     @abc.abstractmethod
     def combine(self, out, dm, slot, w, stream) -> None:
         """out f32 [T, D] = Σ_k w[t,k] · dm[slot[t,k]] in k order (SPEC §3), dm f32 [R, D], slot i32 [T, K]
-        (uploaded: `upload` or an `expert_tables` rider), w f32 [T, K]."""
+        (uploaded: `upload` or an `expert_tables` rider; or the first T·K of a longer flat device table,
+        route_rows'), w f32 [T, K]."""
 
     # --- the decode graph: everything that changes between tokens is read from device memory --------------------
     moe_gemv_max_k = 1 << 30      # the longest matrix rows moe_gemv takes (CUDA: its shared memory)
