@@ -48,6 +48,19 @@ def greedy_token(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def ranked(x: np.ndarray, k: int) -> np.ndarray:
+    """The ids of x's k largest values, largest first, ties to the lower id: the first k of a stable sort of -x
+    (all of it for k <= 0 or k >= len(x)). Selected in O(V) first: a stable sort of a 151,936-token vocabulary took
+    ~15 ms a token on the host, more than a decode step of a 48-layer model on the H200 (stop 45)."""
+    if k <= 0 or k >= x.size or np.isnan(x).any():
+        return np.argsort(-x, kind="stable")[:k if k > 0 else None]
+    kth = np.partition(x, x.size - k)[x.size - k]             # the k-th largest value
+    above = np.flatnonzero(x > kth)
+    tied = np.flatnonzero(x == kth)[:k - above.size]         # the stable sort's: the lowest ids among the ties
+    cand = np.concatenate([above, tied])                      # each in id order, no value in both: a stable sort
+    return cand[np.argsort(-x[cand], kind="stable")]          # of the k keeps ties in id order
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.p = params
@@ -62,9 +75,7 @@ class Sampler:
             x[recent] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
         if p.greedy:
             return greedy_token(x)
-        ids = np.argsort(-x, kind="stable")                       # candidates, best first
-        if p.top_k > 0:
-            ids = ids[:p.top_k]
+        ids = ranked(x, p.top_k)                                  # candidates, best first (top-k)
         probs = exp64(x[ids] - x[ids[0]])
         probs /= probs.sum()
         if p.top_p < 1.0:
