@@ -1,0 +1,109 @@
+"""Diagnostic, CUDA only: the host's time statement by statement on a prompt's path (line_clock.py: a clock reading
+after every statement of the functions below), on bench/prefill.py's quarter-cache engine, share off, medians of
+ROUNDS random prompts of TOKENS tokens after three warm-up ones. Two views:
+
+- window: each statement's us inside a layer's window after its routing sync (from the sync's return to the gather's
+  launch: the GPU idle), summed over its calls there, the median per layer averaged over layers 0-2 and over the rest
+  (qwen3's synthesised model routes nearly every expert in its first layers, few in the others);
+- start: the host's timeline from GpuEngine._prefill's entry to layer 0's routing sync (the GPU idle until its first
+  launches), each reading's ms from the entry and us since the one before (those of 8 us or more).
+
+python bench/host_lines.py MODEL.gguf TOKENS ROUNDS window|start"""
+import collections
+import sys
+import time
+
+import numpy as np
+
+import line_clock as LC
+from strata.accel import buffers as BU, cache as CA, dense as DE, engine as EN, memplan as MP, moe as MO
+from strata.accel import moe_block as MB, prompt_graph as PG, stream as ST
+from strata.accel.gpu import cuda_kernels as CK
+from strata.models import common as CM
+
+path, L, R, view = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+assert view in ("window", "start"), "window or start"
+if view == "window":
+    LC.instrument_module_funcs([(MO, "placement", "placement"), (MO, "row_layout", "row_layout"),
+                                (MO, "row_order", "row_order")])
+    LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MO.ExpertRunner, "tables", "tables"),
+                           (MO.ExpertRunner, "resident_groups", "res_groups"),
+                           (CK.CudaKernels, "layer_tables", "layer_tables"), (CK._Staging, "reserve", "reserve"),
+                           (CK.CudaKernels, "_send", "_send"), (CK.CudaKernels, "_room", "_room"),
+                           (ST.Walk, "extend", "extend"), (ST.Walk, "prefetch", "prefetch")])
+else:
+    LC.instrument_module_funcs([(BU, "carve_prompt", "carve_prompt"), (BU, "carve", "carve"),
+                                (CM, "attention", "attention")])
+    LC.instrument_methods([(EN.GpuEngine, "_prefill", "_prefill"), (EN.GpuEngine, "_prompt_chunk", "_prompt_chunk"),
+                           (EN.GpuEngine, "_step", "_step"), (EN.GpuEngine, "_lend", "_lend"),
+                           (CA.ExpertCache, "lend", "lend"), (MB.MoeBlock, "_block", "block"),
+                           (MB.MoeBlock, "_guess", "_guess"), (MP.MemoryPlan, "for_prompt", "for_prompt"),
+                           (PG.PromptGraphs, "chunk", "pg.chunk"), (DE.DeviceOps, "embed", "embed"),
+                           (ST.Walk, "prefetch", "prefetch")])
+
+from prefill import quarter_engines                      # noqa: E402  (bench/prefill.py; after the instrumenting)
+
+dev, m, arena, (e,) = quarter_engines(path, 1)
+c = m.cfg
+rng = np.random.default_rng(0)
+for _ in range(3):
+    e.reset()
+    e.prefill(rng.integers(0, c.n_vocab, L).tolist())
+blk = LC.SRCS["block"]
+at = lambda text: next(i + 1 for i, ln in enumerate(blk) if text in ln)
+runs, walls = [], []
+for r in range(R):
+    e.reset()
+    dev.synchronize()
+    LC.reset()
+    t0 = time.perf_counter()
+    e.prefill(rng.integers(0, c.n_vocab, L).tolist())
+    walls.append((time.perf_counter() - t0) * 1e3)
+    dev.synchronize()
+    runs.append((t0, list(LC.CKS)))
+print(f"{path} {L} tokens: prompt {np.median(walls):.2f} ms instrumented (medians of {R}); a reading costs "
+      f"{LC.PC_COST:.3f} us")
+if view == "window":
+    synced, gather = at("t_synced = time.perf_counter()"), at("k.gather_f16(")
+    acc = collections.defaultdict(list)                  # (layer, (label, line)) -> us per window, one per run
+    for _, cks in runs:
+        layer, per, prev = -1, None, 0.0
+        for lab, ln, t in cks:
+            if lab == "block" and ln == synced:
+                layer, per, prev = layer + 1, collections.Counter(), t
+                continue
+            if per is not None:
+                per[(lab, ln)] += (t - prev) * 1e6 - LC.PC_COST
+                prev = t
+                if lab == "block" and ln == gather:
+                    for k, v in per.items():
+                        acc[(layer, k)].append(v)
+                    acc[(layer, ("WINDOW", 0))].append(sum(per.values()))
+                    per = None
+    for layers, tag in ((range(0, 3), "layers 0-2"), (range(3, c.n_layer), f"layers 3-{c.n_layer - 1}")):
+        keys = {k for (l, k) in acc if l in layers}
+        rows = sorted(((np.mean([np.median(acc[(l, k)]) for l in layers if (l, k) in acc]), k) for k in keys),
+                      reverse=True)
+        print(f"== {tag}: us a window, the median per layer, averaged over the layers")
+        for v, (lab, ln) in rows[:40]:
+            if v >= 1.5 or lab == "WINDOW":
+                print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
+else:
+    start = at("t_sync = time.perf_counter()")
+    seqs = []
+    for t0, cks in runs:
+        seq = []
+        for lab, ln, t in cks:
+            seq.append((lab, ln, (t - t0) * 1e3))
+            if lab == "block" and ln == start:
+                break
+        seqs.append(seq)
+    n = min(len(s) for s in seqs)
+    print("from _prefill's entry to layer 0's routing sync: ms from the entry, us since the reading before")
+    prev = 0.0
+    for i in range(n):
+        lab, ln, _ = seqs[0][i]
+        t = float(np.median([s[i][2] for s in seqs]))
+        d, prev = (t - prev) * 1e3, t
+        if d >= 8 or i == n - 1:
+            print(f"  {t:7.3f} ms  +{d:7.1f} us  {lab:>14}:{ln:<4} {LC.line(lab, ln)}")
