@@ -68,7 +68,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
-        x = np.asarray(logits, np.float64).copy()
+        x = np.array(logits, np.float64)                          # one copy (asarray then copy: two, ~1 ms)
         if p.repeat_penalty != 1.0 and p.repeat_last_n > 0 and history:
             recent = np.unique(np.asarray(history[-p.repeat_last_n:], np.int64))
             v = x[recent]  # llama.cpp: divide positive logits, multiply negative ones
