@@ -51,7 +51,7 @@ def test_row_layout_is_the_loops(r):
 
 def _device_layout(ids, cnt, parts):
     """row_order on the host, the pairs' rows by the host twin's route_hist and route_rows (the engine's device
-    layout, moe_block.py): -> (the layout, src [P], slot [T, K], the counts from the downloaded hist)."""
+    layout, moe_block.py): -> (the layout, src [P], slot [T, K], the counts from the downloaded hist, hist)."""
     from strata.accel.device.host import HostDevice
     from strata.accel.gpu.kernels import ROUTE_TILE
     from strata.accel.moe import row_order
@@ -70,7 +70,7 @@ def _device_layout(ids, cnt, parts):
         dev.synchronize()
     finally:
         dev.close()
-    return lay, src, slot.reshape(T, K), tile_sums(hist.reshape(-1), hist.shape[0], E)
+    return lay, src, slot.reshape(T, K), tile_sums(hist.reshape(-1), hist.shape[0], E), hist
 
 
 @settings(max_examples=150, deadline=None)
@@ -81,7 +81,7 @@ def test_the_device_layout_is_the_loops(r):
     ids, resident, cpu = r
     cnt = np.bincount(ids.ravel(), minlength=resident.size)
     parts = placement(cnt, resident, cpu)
-    lay, src, slot, counted = _device_layout(ids, cnt, parts)
+    lay, src, slot, counted, _ = _device_layout(ids, cnt, parts)
     order, want_src, want_slot = _loop_layout(ids, cnt, parts)
     assert np.array_equal(counted, cnt)
     assert lay.order.tolist() == order and lay.src is None and lay.slot is None
@@ -92,17 +92,24 @@ def test_the_device_layout_is_the_loops(r):
 
 
 def test_the_device_layout_spans_tiles():
-    """Pairs past one ROUTE_TILE (a 900-token chunk of top-8 is 15 tiles): each tile's counts, and rows that carry
-    an expert's count from the tiles before."""
+    """Pairs past one ROUTE_TILE (a 900-token chunk of top-8 is 15 tiles): each tile's counts are its pairs', and
+    the rows are the loop's (the twin's route_rows sorts all the pairs at once; CUDA's, which carries each expert's
+    count over the tiles before, is held to it by test_gpu_kernels.test_route_tables)."""
+    from strata.accel.gpu.kernels import ROUTE_TILE
+
     rng = np.random.default_rng(3)
     ids = np.stack([rng.choice(128, 8, replace=False, p=np.r_[np.full(8, 0.1), np.full(120, 0.2 / 120)])
                     for _ in range(900)])
     resident = rng.random(128) < 0.25
     cnt = np.bincount(ids.ravel(), minlength=128)
     parts = placement(cnt, resident, [])
-    lay, src, slot, counted = _device_layout(ids, cnt, parts)
+    lay, src, slot, counted, hist = _device_layout(ids, cnt, parts)
     _, want_src, want_slot = _loop_layout(ids, cnt, parts)
-    assert np.array_equal(counted, cnt) and np.array_equal(src, want_src) and np.array_equal(slot, want_slot)
+    flat = ids.ravel()
+    for t in range(hist.shape[0]):
+        assert np.array_equal(hist[t], np.bincount(flat[t * ROUTE_TILE:(t + 1) * ROUTE_TILE], minlength=128)), t
+    assert hist.shape[0] == 15 and np.array_equal(counted, cnt)
+    assert np.array_equal(src, want_src) and np.array_equal(slot, want_slot)
 
 
 @pytest.mark.parametrize("n_expert, T, K", [(512, 120, 10), (40_000, 50, 4)])
