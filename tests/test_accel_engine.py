@@ -436,3 +436,27 @@ def test_loan_switches_are_named_not_ignored():
     assert len(said) == 1 and said[0].startswith("STRATA_PREFILL_ELASTIC_LOAN, STRATA_PREFILL_REPEAT_LOAN:"), said
     assert not [s for s in lines["off"] if "does not lend" in s]
     assert policy.Config.from_env({"STRATA_PREFILL_HEAD_LOAN": "1"}).loan_switches() == ["STRATA_PREFILL_HEAD_LOAN"]
+
+
+def test_a_layer_the_route_kernels_cannot_take_is_laid_out_on_the_host():
+    """A prompt layer's pairs get their rows on the device (kernels.route_rows) unless the layer has more experts
+    than the kernels take (route_max_experts: CUDA's shared memory); then the host lays them out from the downloaded
+    ids, with the same bits."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][0])
+    outs, calls = {}, {}
+    for cap in (m.cfg.n_expert, m.cfg.n_expert - 1):
+        dev = HostDevice()
+        try:
+            dev.k.route_max_experts = cap
+            n, rows = [0], dev.k.route_rows
+            dev.k.route_rows = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), rows(*a, **kw))[1]
+            e = GpuEngine(m, dev, n_ctx=len(ids) + 4, expert_cache=m.cfg.n_layer * m.cfg.n_expert // 2)
+            outs[cap], calls[cap] = e.prefill(ids, all_logits=True), n[0]
+        finally:
+            dev.close()
+    assert calls[m.cfg.n_expert] == m.cfg.n_layer and calls[m.cfg.n_expert - 1] == 0, calls
+    assert np.array_equal(outs[m.cfg.n_expert].view(np.uint32), outs[m.cfg.n_expert - 1].view(np.uint32))

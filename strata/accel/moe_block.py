@@ -116,9 +116,11 @@ class MoeBlock:
         elif self._decode and cb is not None:
             dev.d2h(cb.x_host[:T], h, s)
         # a prompt layer's pairs get their rows on the device, from its copy of the routing (kernels.route_rows):
-        # the sync brings back the counts only. Not where the host needs the pairs' rows (the CPU's experts, decode)
-        # or the ids may be gone (a deferred block's: the next chunk's router rewrote them)
-        on_dev = self.rows_on_device and ids_dev is not None and not self._decode and not share_layer
+        # the sync brings back the counts only. Not where the host needs the pairs' rows (the CPU's experts, decode),
+        # the ids may be gone (a deferred block's: the next chunk's router rewrote them) or the kernels cannot take
+        # the layer's experts
+        on_dev = self.rows_on_device and ids_dev is not None and not self._decode and not share_layer and \
+            E <= k.route_max_experts
         nt = -(-P // ROUTE_TILE)
         if ids_dev is not None:
             if on_dev:

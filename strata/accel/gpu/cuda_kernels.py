@@ -114,6 +114,8 @@ def _tab_ptr(t):
 
 
 class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
+    # route_rows' shared memory, (ROUTE_TILE / 32 + 1) ints an expert, within the 48 KiB a block has by default
+    route_max_experts = 48 * 1024 // ((ROUTE_TILE // 32 + 1) * 4)
     def __init__(self, dev, gemm: str = "mma", log=None):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp

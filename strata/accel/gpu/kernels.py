@@ -48,6 +48,7 @@ class ExpertSource:
 
 class Kernels(abc.ABC):
     gemm_big_rows = 0  # the larger GEMM row tile `gemm_grouped` takes (rows_host.many_tile), 0 if none
+    route_max_experts = 1 << 30     # the most experts a layer may have for `route_rows` (CUDA: its shared memory)
 
     @abc.abstractmethod
     def upload(self, host: np.ndarray, stream) -> object:
