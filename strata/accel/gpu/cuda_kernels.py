@@ -24,8 +24,8 @@ from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
 
 STAGING_BYTES = 16 << 20            # pinned staging ring for `upload`
-_NO_RIDER = np.zeros(0, np.int32)   # layer_tables' riders past those given
 SIDE_STAGING_BYTES = 4 << 20        # the side stream's own (a layer's tables are ~100 KB at 1,280 tokens)
+_NO_RIDER = np.zeros(0, np.int32)   # layer_tables' riders past those given
 PULL_THREADS, PULL_BLOCKS = 256, 256   # `upload`'s pull kernel: 16 bytes a thread, at most 1 MiB a grid pass
 NR_WARPS = 8                        # norm_rope_warp's heads (warps) a block
 NR_MANY = 4096                      # heads from which norm_rope_warp (a prompt's; a decode token's 36 take norm_rope)
@@ -116,6 +116,7 @@ def _tab_ptr(t):
 class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
     # route_rows' shared memory, (ROUTE_TILE / 32 + 1) ints an expert, within the 48 KiB a block has by default
     route_max_experts = 48 * 1024 // ((ROUTE_TILE // 32 + 1) * 4)
+
     def __init__(self, dev, gemm: str = "mma", log=None):
         self.dev, self.cp = dev, dev.cp
         cp = self.cp

@@ -1,12 +1,13 @@
 // A prompt layer's expert-major row tables made on the device from the router's ids (moe_block.py; kernels.py
 // `route_hist` and `route_rows` state the contract, rows_host.expert_major the rule: a stable counting sort of the
 // (token, k) pairs by their expert's position in row order, each expert's rows holding its tokens in order).
-// Legend: P = T·K pairs (token-major), E experts, RT_TILE pairs a block, NW warps a block.
+// Legend: P = T·K pairs (token-major), E experts, RT_TILE pairs a block, RT_WARPS warps a block.
 //
 // Why: at 900 tokens the host's copy of the ids, its counts and its counting sort took ~90 of a narrow layer's
 // ~520 us window after the routing sync on the H200's host, with the GPU idle, and writing the row tables into the
-// staging ring ~35 more (scratch/lineprof.py, call 1 of stop 45). Here the sync brings back only the counts; the
-// host orders E experts, and the pairs' rows are made where the ids already are.
+// staging ring ~35 more (bench/host_lines.py, bench/results/h200/host_lines_window_q8_stop45a.log). Here the sync
+// brings back only the counts; the host orders E experts, and the pairs' rows are made where the ids already are:
+// 1.002-1.038x on qwen3's quarter cache below 2K, the same bits (knobs_ab_q8_stop45.log).
 #include "common.cuh"
 
 #define RT_TILE 512                  // kernels.py ROUTE_TILE
