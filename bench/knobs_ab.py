@@ -2,12 +2,15 @@
 (bench/kernel_ab.py's harness: two engines on one arena, arms alternating, medians, per-round ratios, logits compared
 bit for bit: the knobs move host work, not arithmetic).
 
-Knobs (class attributes of strata.accel.moe_block.MoeBlock, set on one engine): rows_on_device (a prompt layer's
-pairs laid out on the device, the sync downloading counts only; off: on the host from the downloaded ids). Stop 45
-also ran guess_ahead in an earlier four-arm form of this script (the next layer's guess picked before the routing
-sync, its copies issued after the combine: 0.988-0.997x, not kept; knobs_ab_q8_stop45.log).
+Knobs, set on one engine: rows_on_device (a MoeBlock attribute: a prompt layer's pairs laid out on the device, the
+sync downloading counts only; off: on the host from the downloaded ids); guess_p (the engine's RouteMemory.p_min:
+guess an expert a chunk routes with at least this probability). Not kept, run in earlier forms of this script:
+guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued after the combine,
+0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers guessed ahead,
+knobs_depth_q48_*_stop46.log).
 
-python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS KNOB"""
+python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS OLD NEW
+    OLD, NEW: each arm's knobs, name=value[,name=value] (rows_on_device=0 rows_on_device=1; guess_p=0.3)"""
 import sys
 
 import numpy as np
@@ -15,24 +18,37 @@ import numpy as np
 from kernel_ab import AB
 from prefill import quarter_engines      # bench/prefill.py
 
-KNOBS = ("rows_on_device",)
+KNOBS = {"rows_on_device": lambda e, v: setattr(e, "rows_on_device", bool(int(v))),
+         "guess_p": lambda e, v: setattr(e.routes, "p_min", float(v))}
+
+
+def knobs(spec: str) -> list[tuple[str, str]]:
+    out = [tuple(kv.split("=", 1)) for kv in spec.split(",") if kv]
+    bad = [k for k, _ in out if k not in KNOBS]
+    assert not bad, f"knobs {bad}: not of {tuple(KNOBS)}"
+    return out
 
 
 class KnobAB(AB):
-    """kernel_ab.AB's prompts on two engines: "old" with `knob` off, "new" with it on."""
+    """kernel_ab.AB's prompts on two engines, each with its own knobs."""
 
-    def __init__(self, path: str, knob: str, rounds: int):
-        assert knob in KNOBS, f"a knob of {KNOBS}"
+    def __init__(self, path: str, old: str, new: str, rounds: int):
         self.dev, self.m, self.arena, (eo, en) = quarter_engines(path, 2)
-        setattr(eo, knob, False)
-        setattr(en, knob, True)
+        for e, spec in ((eo, old), (en, new)):
+            for k, v in knobs(spec):
+                KNOBS[k](e, v)
         self.arms, self.rounds = {"old": (eo, None), "new": (en, None)}, rounds
 
     def use(self, md: str) -> None:
         """Nothing to swap: each arm is its own engine."""
 
 
-path, lengths, rounds, knob = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4]
-ab = KnobAB(path, knob, rounds)
-print(f"{knob}: old = off, new = on", flush=True)
+path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+old, new = sys.argv[4], sys.argv[5]
+ab = KnobAB(path, old, new, rounds)
+print(f"old = {old}, new = {new}", flush=True)
 ab.prompts(lengths, np.random.default_rng(0))
+for md, (e, _) in ab.arms.items():
+    s = e.stats
+    print(f"{md}: guessed {s.guessed} experts, {s.guessed_unrouted} unrouted, {s.guessed_missed} routed ones missed; "
+          f"streamed {s.streamed_experts}", flush=True)

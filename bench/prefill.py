@@ -310,7 +310,8 @@ def main():
     else:
         print("prompt graphs: off (STRATA_PROMPT_GRAPH=0, or a head size the graphs do not take)")
     print(f"guessed walks (quarter cache): {eq.stats.guessed} experts streamed before their layer's routing sync, "
-          f"{eq.stats.guessed_unrouted} of them unrouted" + ("" if eq.guess else " (STRATA_PROMPT_GUESS=0)"))
+          f"{eq.stats.guessed_unrouted} of them unrouted, {eq.stats.guessed_missed} routed ones missed"
+          + ("" if eq.guess else " (STRATA_PROMPT_GUESS=0)"))
     if a.groups_ab:
         def ab(cell):
             g, gf = (statistics.median(res[cell][k]) for k in ("groups_ab_ms", "groups_ab_floor_ms"))

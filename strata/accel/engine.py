@@ -50,6 +50,7 @@ class Stats:
     loan_slots: int = 0        # cache slots the last prompt borrowed (policy.prompt_loan)
     guessed: int = 0           # experts streamed before their layer's routing sync on a guess (policy.guess)
     guessed_unrouted: int = 0  # of which the sync found unrouted
+    guessed_missed: int = 0    # routed non-resident experts of a guessed layer that its guess left out
     chunks: list = field(default_factory=list)
 
     @property

@@ -131,7 +131,8 @@ def run_gpu(a, dev) -> int:
                  "sync; STRATA_PREFILL_CPU_SHARE=0 turns it off)")
         elif eng.guess and eng.dev.kind == "cuda":
             note(f"guessed walks: {s.guessed} experts streamed before their layer's routing sync, "
-                 f"{s.guessed_unrouted} of them unrouted (STRATA_PROMPT_GUESS=0 turns them off)")
+                 f"{s.guessed_unrouted} of them unrouted, {s.guessed_missed} routed ones missed (streamed after "
+                 f"it; STRATA_PROMPT_GUESS=0 turns them off)")
         lm = [n for n, w, _ in s.chunks if w == "layer-major"]
         if lm:
             note(f"layer-major: {len(lm)} prompt chunks ran layer by layer, each layer's experts streamed once a "

@@ -162,7 +162,9 @@ class MoeBlock:
         if pre is not None:                          # a guessed walk: the routed experts it missed go after it
             walk = pre[1]
             guessed = {e for _, e in walk.entries}
-            walk.extend([(layer, e) for e in parts[1].tolist() if e not in guessed])
+            missed = [(layer, e) for e in parts[1].tolist() if e not in guessed]
+            self.stats.guessed_missed += len(missed)
+            walk.extend(missed)
             walk.prefetch()
             routed = set(parts[1].tolist())          # the row layout takes the walk's order (groups are row runs)
             parts = (parts[0], np.asarray([e for _, e in walk.entries if e in routed], parts[1].dtype), parts[2])
