@@ -15,10 +15,14 @@ import numpy as np
 
 from strata.accel.arena import PROGRESS_BYTES
 from strata.accel.deferred import Lazy
-from strata.accel.gpu.dequant import F32_EXACT
+from strata.accel.gpu.dequant import F32_EXACT, SUFFIX
 from strata.mathfn import rope_table
 from strata.models import Model, common
 from strata.reference.linalg import weight_rows
+
+# the block-quantised types the device dequantises (a float matrix goes up as its fp16: no transient larger than it)
+DEVICE_TYPES = frozenset(q for q in SUFFIX if q not in (0, 1, 30))
+
 
 def _is_f32(name: str) -> bool:
     return name.endswith(".bias") or "norm" in name or name.endswith("ffn_gate_inp.weight") \
@@ -53,49 +57,62 @@ class DenseWeights:
     (`qkv[q's name]`: the matrix and each part's name and row range), so one GEMV makes a token's q|k|v: the
     decode graph ran three, two of them for the few rows of k and v (DeviceOps.linear)."""
 
-    def __init__(self, model: Model, dev, log=None):
+    def __init__(self, model: Model, dev, log=None, on_device: bool = True):
+        """on_device: a quantised matrix goes up as its GGUF bytes and the device dequantises it (Kernels.
+        dequant_matrix, the same fp16 bits as strata.quants' float32 rounded on the host): numpy's dequantisation
+        took the 48-layer qwen3-30b-a3b's 2,370 MiB 15.7 s of a 27.9 s load (generate_q48_stop45.log). Off, and
+        for the fp32 tensors (norms, biases, routers), the host dequantises."""
         self.w: dict[str, object] = {}
         self.qkv: dict[str, tuple[object, list[tuple[str, int, int]]]] = {}
         t0 = time.monotonic()
         names = dense_names(model)
         show = log is not None and dense_bytes(model) > PROGRESS_BYTES
-        held: dict[str, dict[str, np.ndarray]] = {}                      # layer prefix -> q/k/v host matrices
-        for i, name in enumerate(names):
-            t = model.tensors.info(name)
-            view = model.view(name)
-            shape = t.shape
-            rows = shape[0] if len(shape) > 1 else 1
-            k = shape[-1]
-            full = weight_rows(view.reshape(rows, -1), t.qtype, 0, rows, k).reshape(shape)
-            arr = full.astype(np.float32 if _is_f32(name) else np.float16)
-            leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
-            if leaf in QKV and arr.ndim == 2:
-                got = held.setdefault(name[:-len(leaf)], {})
-                got[leaf] = arr
-                if len(got) == 3:
-                    self._put_qkv(dev, name[:-len(leaf)], [got[x] for x in QKV])
-            else:
-                self.w[name] = dev.asarray(arr)
-            if show and (i % 16 == 0 or i == len(names) - 1):
-                print(f"\rweights: {i + 1} of {len(names)} dense tensors on {dev.name}", end="", file=sys.stderr,
-                      flush=True)
-        for p, got in held.items():              # a layer without all three: each on its own
-            for leaf, arr in got.items():
-                if p + leaf not in self.w:
-                    self.w[p + leaf] = dev.asarray(arr)
+        held: dict[str, dict[str, object]] = {}                          # layer prefix -> q/k/v device matrices
+        s = dev.compute
+        with dev.on(s):               # every allocation on the compute stream, as the kernels: freed raw bytes
+            for i, name in enumerate(names):                             # are reused in stream order
+                t = model.tensors.info(name)
+                shape = t.shape
+                rows = shape[0] if len(shape) > 1 else 1
+                k = shape[-1]
+                view = model.view(name).reshape(rows, -1)
+                if on_device and not _is_f32(name) and len(shape) == 2 and t.qtype in DEVICE_TYPES:
+                    raw = dev.asarray(np.ascontiguousarray(view).view(np.uint8).reshape(-1))
+                    arr = dev.empty((rows, k), np.float16)              # [N, K]
+                    dev.k.dequant_matrix(arr, raw, t.qtype, s)
+                    del raw
+                else:
+                    full = weight_rows(view, t.qtype, 0, rows, k).reshape(shape)
+                    arr = dev.asarray(full.astype(np.float32 if _is_f32(name) else np.float16))
+                leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
+                if leaf in QKV and len(shape) == 2:
+                    got = held.setdefault(name[:-len(leaf)], {})
+                    got[leaf] = arr
+                    if len(got) == 3:
+                        self._put_qkv(dev, name[:-len(leaf)], [got.pop(x) for x in QKV])
+                else:
+                    self.w[name] = arr
+                if show and (i % 16 == 0 or i == len(names) - 1):
+                    print(f"\rweights: {i + 1} of {len(names)} dense tensors on {dev.name}", end="", file=sys.stderr,
+                          flush=True)
+            for p, got in held.items():              # a layer without all three: each on its own
+                for leaf, arr in got.items():
+                    self.w[p + leaf] = arr
+            s.synchronize()
         if show:
             print(file=sys.stderr)
         if log:
             log(f"weights: {dense_bytes(model) / 2**20:,.0f} MiB dense on {dev.name} in {time.monotonic() - t0:.1f} s")
 
-    def _put_qkv(self, dev, p: str, mats: list[np.ndarray]) -> None:
+    def _put_qkv(self, dev, p: str, mats: list) -> None:
         if len({(m.shape[1], m.dtype) for m in mats}) > 1:
             for leaf, m in zip(QKV, mats):
-                self.w[p + leaf] = dev.asarray(m)
+                self.w[p + leaf] = m
             return
-        cat = dev.asarray(np.concatenate(mats))                            # [Nq+Nk+Nv, D]
+        cat = dev.empty((sum(m.shape[0] for m in mats), mats[0].shape[1]), mats[0].dtype)    # [Nq+Nk+Nv, D]
         parts, r = [], 0
         for leaf, m in zip(QKV, mats):
+            dev.k.copy(cat[r:r + m.shape[0]], m, dev.compute)
             self.w[p + leaf] = cat[r:r + m.shape[0]]                       # a contiguous row range
             parts.append((p + leaf, r, r + m.shape[0]))
             r += m.shape[0]

@@ -326,6 +326,10 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
                                     _tab_ptr(blobs), _tab_ptr(tiles), np.int32(n),
                                     np.int32(k // cls.block_size), vec), stream=stream.s)
 
+    def dequant_matrix(self, out, raw, qtype, stream):
+        N, K = out.shape
+        dq.launch_matrix(self.dq, qtype, raw, N, K, out, stream.s)
+
     def embed_rows(self, out, raw, qtype, stream):
         T, D = out.shape
         dq.launch_matrix(self.dq, qtype, raw, T, D, out, stream.s)

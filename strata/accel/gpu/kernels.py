@@ -184,6 +184,11 @@ class Kernels(abc.ABC):
 
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod
+    def dequant_matrix(self, out, raw, qtype: int, stream) -> None:
+        """out f16 [N, K] <- one matrix of N raw GGUF rows of type `qtype` (raw: device uint8 [N·row_bytes],
+        contiguous), each weight strata.quants' float32 rounded to fp16 (nearest even): the dense weights at load."""
+
+    @abc.abstractmethod
     def embed_rows(self, out, raw, qtype: int, stream) -> None:
         """out f32 [T, D] <- T raw GGUF rows of type `qtype` (raw: uint8 [T·row_bytes], contiguous), each weight
         the exact float32 of strata.quants (the reference's embedding, unrounded)."""
