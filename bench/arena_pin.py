@@ -1,0 +1,56 @@
+"""Where the arena's load goes (CUDA only): pinning its memory (CuPy's alloc_pinned_memory, a layer at a time, from
+one thread or from N at once) against filling it from the GGUF's pages (N threads, as Arena does). CuPy's pinned pool
+is emptied before each way, so each pins anew.
+
+python bench/arena_pin.py MODEL.gguf THREADS"""
+import gc
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from strata import models
+from strata.accel.device.cuda import CudaDevice
+
+path, n = sys.argv[1], int(sys.argv[2])
+dev = CudaDevice()
+m = models.load(path)
+c = m.cfg
+sizes = [m.expert_blob_bytes(l) * c.n_expert for l in range(c.n_layer)]
+gib = sum(sizes) / 2**30
+pool = dev.cp.get_default_pinned_memory_pool()
+
+
+def fresh():
+    gc.collect()
+    pool.free_all_blocks()
+
+
+fresh()
+t0 = time.perf_counter()
+bufs = [dev.pinned(s) for s in sizes]
+t_one = time.perf_counter() - t0
+t0 = time.perf_counter()
+
+
+def fill(l):
+    b = bufs[l].reshape(c.n_expert, -1)
+    for e in range(c.n_expert):
+        m.expert(l, e).copy_into(b[e])
+
+
+with ThreadPoolExecutor(n) as ex:
+    list(ex.map(fill, range(c.n_layer)))
+t_fill = time.perf_counter() - t0
+t0 = time.perf_counter()
+with ThreadPoolExecutor(n) as ex:            # the pages already pinned and read once: a second fill
+    list(ex.map(fill, range(c.n_layer)))
+t_fill2 = time.perf_counter() - t0
+del bufs
+fresh()
+t0 = time.perf_counter()
+with ThreadPoolExecutor(n) as ex:
+    bufs = list(ex.map(dev.pinned, sizes))
+t_many = time.perf_counter() - t0
+print(f"arena {gib:.2f} GiB: pinned from one thread in {t_one:.2f} s ({gib / t_one:.2f} GiB/s), from {n} threads "
+      f"in {t_many:.2f} s ({gib / t_many:.2f} GiB/s); filled by {n} threads in {t_fill:.2f} s ({gib / t_fill:.2f} "
+      f"GiB/s), again {t_fill2:.2f} s ({gib / t_fill2:.2f} GiB/s)", flush=True)
