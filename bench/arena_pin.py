@@ -1,17 +1,22 @@
 """Where the arena's load goes (CUDA only): pinning its memory (CuPy's alloc_pinned_memory, a layer at a time, from
 one thread or from N at once) against filling it from the GGUF's pages (N threads, as Arena does). CuPy's pinned pool
-is emptied before each way, so each pins anew.
+is emptied before each way, so each pins anew. With ROUNDS: Arena's two ways (pin_after: filled in
+Device.host_buffer memory, then cudaHostRegister; off: cudaHostAlloc, then filled), arms alternating, medians, and
+an H2D copy of a layer out of each.
 
-python bench/arena_pin.py MODEL.gguf THREADS"""
+python bench/arena_pin.py MODEL.gguf THREADS [ROUNDS]"""
 import gc
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from strata import models
+from strata.accel.arena import Arena
 from strata.accel.device.cuda import CudaDevice
 
 path, n = sys.argv[1], int(sys.argv[2])
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 dev = CudaDevice()
 m = models.load(path)
 c = m.cfg
@@ -54,3 +59,33 @@ t_many = time.perf_counter() - t0
 print(f"arena {gib:.2f} GiB: pinned from one thread in {t_one:.2f} s ({gib / t_one:.2f} GiB/s), from {n} threads "
       f"in {t_many:.2f} s ({gib / t_many:.2f} GiB/s); filled by {n} threads in {t_fill:.2f} s ({gib / t_fill:.2f} "
       f"GiB/s), again {t_fill2:.2f} s ({gib / t_fill2:.2f} GiB/s)", flush=True)
+bufs = None
+try:
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip()
+except OSError:
+    thp = "?"
+t = {True: [], False: []}
+gbps = {True: [], False: []}
+for r in range(rounds):
+    for way in ((True, False) if r % 2 == 0 else (False, True)):
+        fresh()
+        t0 = time.perf_counter()
+        a = Arena(m, dev, threads=n, pin_after=way)
+        t[way].append(time.perf_counter() - t0)
+        src = a.layers[0]
+        dst = dev.empty(src.shape, src.dtype)
+        ev0, ev1 = dev.event(), dev.event()
+        ev0.record(dev.copy)
+        for _ in range(5):
+            dev.h2d(dst, src, dev.copy)
+        ev1.record(dev.copy)
+        ev1.synchronize()
+        gbps[way].append(5 * src.nbytes / ev0.elapsed_ms(ev1) / 1e6)
+        del a, src, dst
+for way, name in ((True, "filled, then registered (pin_after)"), (False, "cudaHostAlloc, then filled")):
+    if t[way]:
+        med = statistics.median(t[way])
+        print(f"Arena {name}: {med:.2f} s ({gib / med:.2f} GiB/s; rounds {[round(x, 2) for x in t[way]]}); a layer "
+              f"copied to the device at {statistics.median(gbps[way]):.1f} GB/s", flush=True)
+if rounds:
+    print(f"transparent huge pages: {thp}; ratio old/new x{statistics.median(t[False]) / statistics.median(t[True]):.2f}")

@@ -37,10 +37,13 @@ def available_ram() -> int | None:
 
 
 class Arena:
-    def __init__(self, model: Model, dev, log=None, threads: int = 4, available: int | None = None):
+    def __init__(self, model: Model, dev, log=None, threads: int = 4, available: int | None = None,
+                 pin_after: bool = True):
         """`available`: the host RAM to plan against (default: available_ram()). An arena that does not fit it with
         HEADROOM to spare is a RamShortfall before anything is pinned: pinning past it would push the system
-        into swap or the OOM killer, minutes into a load."""
+        into swap or the OOM killer, minutes into a load. `pin_after`: each layer filled in `Device.host_buffer`
+        memory and page-locked once filled (`Device.pin`); off: allocated page-locked (`Device.pinned`), then
+        filled (bench/arena_pin.py measures both)."""
         cfg = model.cfg
         self.n_layer, self.n_expert = cfg.n_layer, cfg.n_expert
         self.blob_bytes = [model.expert_blob_bytes(l) for l in range(cfg.n_layer)]
@@ -55,6 +58,7 @@ class Arena:
                 f"{(self.total_bytes + HEADROOM - avail) / gib:.2f} GiB short (close other programs, or take a "
                 f"smaller quant of the model)")
         self.layers: list[np.ndarray] = []
+        steps = 2 if pin_after else 1                                    # filled, then pinned
         t0, done, lock, last = time.monotonic(), [0], threading.Lock(), [0.0]
         show = log is not None and self.total_bytes > PROGRESS_BYTES     # a progress bar only where it is long
 
@@ -62,11 +66,13 @@ class Arena:
             with lock:
                 done[0] += n
                 now = time.monotonic()
-                if show and (now - last[0] > 0.5 or done[0] == self.total_bytes):
+                total = steps * self.total_bytes
+                if show and (now - last[0] > 0.5 or done[0] == total):
                     last[0] = now
-                    print(f"\rarena: pinning {done[0] / 2**30:6.2f} of {self.total_bytes / 2**30:.2f} GiB "
-                          f"({100 * done[0] / max(1, self.total_bytes):3.0f}%, "
-                          f"{done[0] / max(now - t0, 1e-9) / 2**30:.1f} GiB/s)", end="", file=sys.stderr,
+                    what = "filling and pinning" if pin_after else "pinning"
+                    print(f"\rarena: {what} {self.total_bytes / 2**30:.2f} GiB "
+                          f"({100 * done[0] / max(1, total):3.0f}%, "
+                          f"{done[0] / steps / max(now - t0, 1e-9) / 2**30:.1f} GiB/s)", end="", file=sys.stderr,
                           flush=True)
 
         def fill(buf, l, e0, e1):
@@ -74,16 +80,23 @@ class Arena:
                 model.expert(l, e).copy_into(buf[e])
             tick((e1 - e0) * buf.shape[1])
 
+        def pin(buf):
+            dev.pin(buf)
+            tick(buf.nbytes)
+
         with ThreadPoolExecutor(max_workers=threads) as ex:   # numpy copies release the GIL
             futs = []
             for l, b in enumerate(self.blob_bytes):
-                buf = dev.pinned(b * cfg.n_expert).reshape(cfg.n_expert, b)
-                self.layers.append(buf)
+                buf = (dev.host_buffer if pin_after else dev.pinned)(b * cfg.n_expert)
+                self.layers.append(buf.reshape(cfg.n_expert, b))
                 step = max(1, (64 << 20) // b)
-                futs += [ex.submit(fill, buf, l, e0, min(cfg.n_expert, e0 + step))
+                futs += [ex.submit(fill, self.layers[-1], l, e0, min(cfg.n_expert, e0 + step))
                          for e0 in range(0, cfg.n_expert, step)]
             for f in futs:
                 f.result()
+            if pin_after:               # once every page is touched: the lock takes them as they are
+                for f in [ex.submit(pin, buf) for buf in self.layers]:
+                    f.result()
         if show:
             print(file=sys.stderr)
         if log:

@@ -90,6 +90,14 @@ class Device(abc.ABC):
     def pinned(self, nbytes: int) -> np.ndarray:
         """A page-locked host buffer of `nbytes` (uint8), the only kind async copies may use."""
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A host buffer of `nbytes` (uint8) to fill, then page-lock with `pin` (the arena: filling pageable memory
+        and locking it after is faster than filling page-locked memory allocated as such, on CUDA)."""
+        return np.empty(nbytes, np.uint8)
+
+    def pin(self, buf: np.ndarray) -> None:
+        """Page-lock a `host_buffer` for async copies and the device's reads, for as long as it lives."""
+
     @abc.abstractmethod
     def h2d(self, dst, src: np.ndarray, stream: Stream) -> None:
         """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes); with an
