@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from strata import quants
 from strata.accel.arena import PROGRESS_BYTES
 from strata.accel.deferred import Lazy
 from strata.accel.gpu.dequant import F32_EXACT, SUFFIX
@@ -21,7 +22,7 @@ from strata.models import Model, common
 from strata.reference.linalg import weight_rows
 
 # the block-quantised types the device dequantises (a float matrix goes up as its fp16: no transient larger than it)
-DEVICE_TYPES = frozenset(q for q in SUFFIX if q not in (0, 1, 30))
+DEVICE_TYPES = frozenset(q for q in SUFFIX if quants.get(q).block_size > 1)
 
 
 def _is_f32(name: str) -> bool:

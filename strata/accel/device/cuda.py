@@ -222,7 +222,12 @@ class CudaDevice(Device):
         rt = self.cp.cuda.runtime
         owner = buf if buf.base is None else buf.base
         ptr = buf.ctypes.data
-        rt.hostRegister(ptr, buf.nbytes, 3)                   # cudaHostRegisterPortable | cudaHostRegisterMapped
+        try:
+            rt.hostRegister(ptr, buf.nbytes, 3)               # cudaHostRegisterPortable | cudaHostRegisterMapped
+        except self.cp.cuda.runtime.CUDARuntimeError as e:
+            raise DeviceError(f"could not page-lock {buf.nbytes / 2**30:.2f} GiB of host memory for {self.name} "
+                              f"({e}): the arena must stay in RAM; close other programs or take a smaller quant "
+                              f"of the model") from e
         weakref.finalize(owner, _unregister, rt, ptr)
         dptr = rt.pointerGetAttributes(ptr).devicePointer
         if dptr != ptr:

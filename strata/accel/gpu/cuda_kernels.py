@@ -330,10 +330,6 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         N, K = out.shape
         dq.launch_matrix(self.dq, qtype, raw, N, K, out, stream.s)
 
-    def embed_rows(self, out, raw, qtype, stream):
-        T, D = out.shape
-        dq.launch_matrix(self.dq, qtype, raw, T, D, out, stream.s)
-
     def gather_f16(self, out, x, src, stream):
         R, D = out.shape
         assert out.dtype == np.float16 and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous

@@ -91,18 +91,10 @@ class HostKernels(Kernels):
 
     def dequant_matrix(self, out, raw, qtype, stream):
         N, K = out.shape
-        assert out.dtype == F16 and raw.dtype == np.uint8, (out.dtype, raw.dtype)
+        assert out.dtype in (F16, F32) and raw.dtype == np.uint8, (out.dtype, raw.dtype)
 
         def run():
-            out[...] = weight_rows(raw.reshape(N, -1), qtype, 0, N, K)     # f32 -> fp16, nearest even
-
-        self._run(stream, run)
-
-    def embed_rows(self, out, raw, qtype, stream):
-        T, D = out.shape
-
-        def run():
-            out[...] = weight_rows(raw.reshape(T, -1), qtype, 0, T, D)
+            out[...] = weight_rows(raw.reshape(N, -1), qtype, 0, N, K)     # into f16: nearest even
 
         self._run(stream, run)
 

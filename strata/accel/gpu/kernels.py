@@ -185,13 +185,14 @@ class Kernels(abc.ABC):
     # --- dense ---------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def dequant_matrix(self, out, raw, qtype: int, stream) -> None:
-        """out f16 [N, K] <- one matrix of N raw GGUF rows of type `qtype` (raw: device uint8 [N·row_bytes],
-        contiguous), each weight strata.quants' float32 rounded to fp16 (nearest even): the dense weights at load."""
+        """out [N, K] <- one matrix of N raw GGUF rows of type `qtype` (raw: device uint8 [N·row_bytes], contiguous):
+        out f16 takes each weight's strata.quants float32 rounded to fp16 (nearest even: the dense weights at load),
+        out f32 that float32 unrounded (exact where the type is in dequant.F32_EXACT: the embedding's rows)."""
 
-    @abc.abstractmethod
     def embed_rows(self, out, raw, qtype: int, stream) -> None:
         """out f32 [T, D] <- T raw GGUF rows of type `qtype` (raw: uint8 [T·row_bytes], contiguous), each weight
         the exact float32 of strata.quants (the reference's embedding, unrounded)."""
+        self.dequant_matrix(out, raw, qtype, stream)
 
     @abc.abstractmethod
     def rms_norm(self, out, x, w, eps: float, stream) -> None:
