@@ -299,7 +299,7 @@ def addr_ptr(typingctx, addr):
     return types.voidptr(types.int64), codegen
 
 
-# the C signature of the row kernels' entry points (rows.kernel_table):
+# the C signature of the row kernels' entry points (entry.py):
 # (qt, w*, w_bytes, row_bytes, r0, r1, a*, a_bytes, a_row_bytes, T, out*, out_len, out_stride, ws*, ws_bytes)
 _KPTR = (1, 6, 10, 13)
 

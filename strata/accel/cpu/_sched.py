@@ -21,12 +21,12 @@ from strata.accel.cpu._llvm import (addr_ptr, atomic_add, atomic_cas, atomic_loa
                                     call_sleep, cycles, data_addr, spin_pause)
 from strata.accel.cpu.act import quantize_rows, swiglu
 from strata.accel.cpu.dense import attention_heads
-from strata.accel.cpu.rows import family_index
+from strata.accel.cpu.entry import N_TYPES
 
 # ctl: int64 control words, each on its own cache line; the mailbox holds the current batch's addresses
 HEAD, DONE, EPOCH, NPARKED, HOST_PARKED, SHUTDOWN = 0, 8, 16, 24, 32, 40
 PLAN, NJOBS, TILES, NTILES, GROUPS, NGROUPS = 48, 49, 50, 51, 52, 53
-KFN = 56   # 56..58: the row kernels' C entry points (rows.kernel_table)
+KFN = 56   # the address of the row kernels' C entry points by type id (entry.table_address)
 SLEEPFN, DOZE_US, DOZE_TICKS = 59, 60, 61   # libc usleep's address (0: no doze), one doze, the doze window
 PUB_AT, DONE_AT = 62, 63   # cycle counter when the batch was published, and when its last tile finished
 CTL_WORDS = 64
@@ -78,8 +78,8 @@ def _quantize_h(plan, j, t0, t1):
 
 @njit(nogil=True, cache=True)
 def _mm(ctl, qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride, ws):
-    """Rows r0..r1 of a weight (all buffers as addresses) through the kernel family's C entry point."""
-    call_rows(ctl[KFN + family_index(qt)], qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride,
+    """Rows r0..r1 of a weight (all buffers as addresses) through its type's C entry point (entry.ensure'd)."""
+    call_rows(_i64(ctl[KFN], N_TYPES)[qt], qt, w, wn, wrow, r0, r1, a, an, arow, t, out, on, ostride,
               data_addr(ws), ws.size)
 
 

@@ -1,5 +1,6 @@
-"""A line while Numba compiles: a machine's first run of the CPU backend compiles its kernels (51.7 s of a 52.9 s
-`generate` on this 2-core dev box, then 1.2 s from Numba's cache), and a load that says nothing for a minute looks
+"""A line while Numba compiles: a machine's first run of the CPU backend compiles its kernels (21.5 s of a 22.9 s
+`generate` on this 2-core dev box with the default model's families only, entry.py; 51.7 s of 52.9 when every
+type's kernels compiled; ~1 s from Numba's cache after), and a load that says nothing for half a minute looks
 hung. Numba signals each compile (not a load from its cache) as a `numba:compile` event, in whatever thread it
 happens: the pool's workers compile kernels too.
 

@@ -14,7 +14,8 @@ import numpy as np
 from strata import quants
 from strata.accel.cpu import act as A
 from strata.accel.cpu.loops import workspace
-from strata.accel.cpu.rows import MAXT, family
+from strata.accel.cpu.entry import family
+from strata.accel.cpu.rows import MAXT
 
 SUPPORTED = tuple(c.qtype for c in quants.registered() if c.weight)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from strata import quants
 from strata.accel.cpu import _sched as S
-from strata.accel.cpu import dense, glue
+from strata.accel.cpu import dense, entry, glue
 from strata.accel.cpu._llvm import address
 from strata.accel.cpu.act import act_row_bytes
 from strata.accel.cpu.kernels import as_bytes
@@ -40,6 +40,7 @@ class CpuKV:
 def _linear_row(w: np.ndarray, qtype: int) -> np.ndarray:
     """The constant part of a dense job's plan row for weight rows w [N, row_bytes] (see _sched.py)."""
     n, rb = w.shape
+    entry.ensure(qtype)
     k = rb // quants.get(qtype).type_size * quants.get(qtype).block_size
     act = quants.get(qtype).vec_dot_type
     row = np.zeros(S.JF, np.int64)
@@ -57,6 +58,8 @@ class _Experts:
         cfg, p = model.cfg, f"blk.{layer}."
         mats = [model.view(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down")]
         types = [model.qtype(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down")]
+        for t in types:
+            entry.ensure(t)
         D, F = cfg.n_embd, cfg.n_ff_exp
         self.keep = mats
         self.base = np.array([address(m) for m in mats], np.int64)            # [3]

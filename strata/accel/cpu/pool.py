@@ -30,7 +30,8 @@ from strata import quants
 from strata.accel.cpu import _sched as S
 from strata.accel.cpu._llvm import address, usleep_address
 from strata.accel.cpu.act import act_row_bytes
-from strata.accel.cpu.rows import MAXT, kernel_table
+from strata.accel.cpu import entry
+from strata.accel.cpu.rows import MAXT
 
 _CTL_ALIGN = 4096
 
@@ -203,7 +204,7 @@ class ExpertPool:
         raw = np.zeros(S.CTL_WORDS + _CTL_ALIGN // 8, np.int64)
         off = (-address(raw) % _CTL_ALIGN) // 8
         self._ctl = raw[off:off + S.CTL_WORDS]   # control words on a page of their own (a device may map it)
-        self._ctl[S.KFN:S.KFN + 3] = kernel_table()
+        self._ctl[S.KFN] = entry.table_address()
         self._ctl[S.SLEEPFN] = usleep_address() if doze_ms > 0 else 0
         self._ctl[S.DOZE_US], self._ctl[S.DOZE_TICKS] = 50, int(doze_ms * 1e3 * ticks_per_us())
         self._epoch = 0
@@ -366,6 +367,7 @@ class ExpertPool:
             if isinstance(job, ExpertJob):
                 d, f = job.n_embd, job.n_ff
                 gt, ut, dt = job.types
+                entry.ensure(gt), entry.ensure(ut), entry.ensure(dt)
                 gat, uat, dat = (quants.get(t).vec_dot_type for t in job.types)
                 p[S.J_KIND], p[S.J_D], p[S.J_F] = S.JOB_EXPERT, d, f
                 p[S.J_GW], p[S.J_UW], p[S.J_DW] = (address(m) for m in job.parts)
@@ -377,6 +379,7 @@ class ExpertPool:
                 keep.append(job.parts)
             else:
                 t, k = x.shape
+                entry.ensure(job.qtype)
                 gat = quants.get(job.qtype).vec_dot_type
                 p[S.J_KIND], p[S.J_D], p[S.J_F] = S.JOB_LINEAR, k, job.w.shape[0]
                 p[S.J_GW], p[S.J_GT], p[S.J_GROW] = address(job.w), job.qtype, _row_bytes(job.qtype, k)

@@ -7,16 +7,16 @@
 
 Per block: a decoder (decode.py) unpacks exact integers, an intrinsic takes the exact integer dot, and the block
 value follows the float32 formula in the quant class's docstring (strata/quants); block values are summed in
-float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per activation family; each type
-gets its own inlined loop (loops.py) with its type id as a constant (LLVM folds the shared block functions'
-type tests), which keeps both the Numba compile time and each loop tight.
+float32 in block order from +0.0 (docs/NUMERICS.md). One compiled function per few types (entry.py compiles
+only those a model uses: a function holding every type took 25 s of a first run's compile); each type gets its
+own inlined loop (loops.py) with its type id as a constant (LLVM folds the shared block functions' type tests).
 Legend: T tokens, N rows, B blocks per row.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import njit
 
 from strata.accel.cpu import decode as D
 from strata.accel.cpu import runs as RN
@@ -92,21 +92,31 @@ def blk_q8_1(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # (dx·dy)
 
 @njit(nogil=True, cache=True)
 def rows_q8_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
-    """Types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64); the type passed as a constant per branch."""
-    if T == 1 and qt == Q8_0:       # one token: runs of blocks (runs32.py)
+    """Q8_0 (the dense weights' usual type): runs of blocks at one token (runs32.py)."""
+    if T == 1:
         _loop_runs32(R32.q8_0_x8, R32.q8_0_x4, R32.q8_0_x2, R32.q8_0_x1, 34, w, wrow, r0, r1, a, out, ws)
-    elif T == 1 and qt == Q4_0:
-        _loop_runs32(R32.q4_0_x8, R32.q4_0_x4, R32.q4_0_x2, R32.q4_0_x1, 18, w, wrow, r0, r1, a, out, ws)
-    elif T == 1 and qt == IQ4_NL:
-        _loop_runs32(R32.iq4_nl_x8, R32.iq4_nl_x4, R32.iq4_nl_x2, R32.iq4_nl_x1, 18, w, wrow, r0, r1, a, out, ws)
-    elif qt == Q8_0:
+    else:
         _loop(blk_q8_0, 34, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q8_0, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_q4_0(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """Q4_0 and IQ4_NL (18-byte blocks), runs of blocks at one token; the type passed as a constant per branch."""
+    if T == 1 and qt == Q4_0:
+        _loop_runs32(R32.q4_0_x8, R32.q4_0_x4, R32.q4_0_x2, R32.q4_0_x1, 18, w, wrow, r0, r1, a, out, ws)
+    elif T == 1:
+        _loop_runs32(R32.iq4_nl_x8, R32.iq4_nl_x4, R32.iq4_nl_x2, R32.iq4_nl_x1, 18, w, wrow, r0, r1, a, out, ws)
     elif qt == Q4_0:
         _loop(blk_q4_0, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q4_0, ws)
-    elif qt == Q5_0:
-        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0, ws)
-    elif qt == IQ4_NL:
+    else:
         _loop(blk_d_sumi, 18, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_NL, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_q8_other(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """The other types with Q8_0 / Q8_1 activations (32 weights a block; Q2_0 64)."""
+    if qt == Q5_0:
+        _loop(blk_d_sumi, 22, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q5_0, ws)
     elif qt == MXFP4:
         _loop(blk_d_sumi, 17, 34, 1, w, wrow, r0, r1, a, arow, T, out, ostride, MXFP4, ws)
     elif qt == Q2_0:
@@ -191,37 +201,39 @@ def blk_iq4_xs(w, o, a, arow, b, nba, T, dy, sy, acc, codes, aux, qt):  # per un
             acc[t] += (d4d8 * np.float32(aux[s])) * np.float32(dot_i8_i8_32(codes, 32 * s, a, ao + 32 * s))
 
 
+# K-quants in runs at every T (1.2-1.3x _loop at T = 2..8), a full job of eight tokens sharing each block's
+# unpacking; grid i-quants in runs at T = 1 only (re-deriving a grid block per token: 1.8x slower at T = 8)
 @njit(nogil=True, cache=True)
-def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
-    """256-weight types with Q8_K activations: K-quants, grid i-quants, IQ4_XS. Each branch passes its type as
-    a constant, so LLVM folds the formula's type tests away inside that branch's loop."""
-    # K-quants in runs at every T (1.2-1.3x _loop at T = 2..8), a full job of eight tokens sharing each block's
-    # unpacking; grid i-quants in runs at T = 1 only (re-deriving a grid block per token: 1.8x slower at T = 8)
-    if qt == Q4_K and T == 8:
+def rows_q4_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    if T == 8:
         _loop_runs8(RN.q4_k_x4_t8, RN.q4_k_x3_t8, RN.q4_k_x2_t8, RN.q4_k_x1_t8, 144, w, wrow, r0, r1, a, arow, out,
                     ostride, ws)
-    elif qt == Q5_K and T == 8:
+    else:
+        _loop_runs(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_q5_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    if T == 8:
         _loop_runs8(RN.q5_k_x4_t8, RN.q5_k_x3_t8, RN.q5_k_x2_t8, RN.q5_k_x1_t8, 176, w, wrow, r0, r1, a, arow, out,
                     ostride, ws)
-    elif qt == Q6_K and T == 8:
+    else:
+        _loop_runs(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_q6_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    if T == 8:
         _loop_runs8(RN.q6_k_x4_t8, RN.q6_k_x3_t8, RN.q6_k_x2_t8, RN.q6_k_x1_t8, 210, w, wrow, r0, r1, a, arow, out,
                     ostride, ws)
-    elif qt == Q4_K:
-        _loop_runs(RN.q4_k_x4, RN.q4_k_x3, RN.q4_k_x2, RN.q4_k_x1, 144, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    elif qt == Q5_K:
-        _loop_runs(RN.q5_k_x4, RN.q5_k_x3, RN.q5_k_x2, RN.q5_k_x1, 176, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    elif qt == Q6_K:
+    else:
         _loop_runs(RN.q6_k_x4, RN.q6_k_x3, RN.q6_k_x2, RN.q6_k_x1, 210, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    elif qt == Q2_K:
-        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K, ws)
-    elif qt == Q3_K:
-        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
-    elif qt == IQ3_S:
-        if T == 1:
-            _loop_runs(RN.iq3_s_x4, RN.iq3_s_x3, RN.iq3_s_x2, RN.iq3_s_x1, 110, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-        else:
-            _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
-    elif qt == IQ2_XXS:
+
+
+@njit(nogil=True, cache=True)
+def rows_iq2(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """IQ2_XXS, IQ2_XS, IQ2_S; the type passed as a constant per branch."""
+    if qt == IQ2_XXS:
         if T == 1:
             _loop_runs(RN.iq2_xxs_x4, RN.iq2_xxs_x3, RN.iq2_xxs_x2, RN.iq2_xxs_x1, 66, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
@@ -233,16 +245,33 @@ def rows_q8_k(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
             _loop_token_groups(RN.iq2_xs_x4, RN.iq2_xs_x3, RN.iq2_xs_x2, RN.iq2_xs_x1, RN.iq2_xs_x2_t8,
                                RN.iq2_xs_x1_t8, RN.iq2_xs_x2_t4, RN.iq2_xs_x1_t4, RN.iq2_xs_x2_t2, RN.iq2_xs_x1_t2, 74,
                                w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-    elif qt == IQ2_S:
+    elif T == 1:
+        _loop_runs(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+    else:
+        _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_iq3(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """IQ3_XXS and IQ3_S; the type passed as a constant per branch."""
+    if qt == IQ3_S:
         if T == 1:
-            _loop_runs(RN.iq2_s_x4, RN.iq2_s_x3, RN.iq2_s_x2, RN.iq2_s_x1, 82, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+            _loop_runs(RN.iq3_s_x4, RN.iq3_s_x3, RN.iq3_s_x2, RN.iq3_s_x1, 110, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
         else:
-            _loop(blk_single, 82, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ2_S, ws)
-    elif qt == IQ3_XXS:
-        if T == 1:
-            _loop_runs(RN.iq3_xxs_x4, RN.iq3_xxs_x3, RN.iq3_xxs_x2, RN.iq3_xxs_x1, 98, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
-        else:
-            _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+            _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_S, ws)
+    elif T == 1:
+        _loop_runs(RN.iq3_xxs_x4, RN.iq3_xxs_x3, RN.iq3_xxs_x2, RN.iq3_xxs_x1, 98, w, wrow, r0, r1, a, arow, T, out, ostride, ws)
+    else:
+        _loop(blk_single, 98, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ3_XXS, ws)
+
+
+@njit(nogil=True, cache=True)
+def rows_k_other(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
+    """Q2_K, Q3_K, IQ4_XS, IQ1_S, IQ1_M: one block loop each; the type passed as a constant per branch."""
+    if qt == Q2_K:
+        _loop(blk_mins, 84, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q2_K, ws)
+    elif qt == Q3_K:
+        _loop(blk_single, 110, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, Q3_K, ws)
     elif qt == IQ4_XS:
         _loop(blk_iq4_xs, 136, 292, 1, w, wrow, r0, r1, a, arow, T, out, ostride, IQ4_XS, ws)
     elif qt == IQ1_S:
@@ -287,52 +316,3 @@ def rows_float(qt, w, wrow, r0, r1, a, arow, T, out, ostride, ws):
                 acc[t] += np.float64(wv * _fval(qt, a, t * arow + es * i))
         for t in range(T):
             out[t * ostride + r] = np.float32(acc[t])
-
-
-def _c_q8_0(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
-    rows_q8_0(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
-              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
-
-
-def _c_q8_k(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
-    rows_q8_k(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
-              carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
-
-
-def _c_float(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
-    rows_float(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
-               carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
-
-
-_CSIG = types.void(types.int64, types.voidptr, *[types.int64] * 4, types.voidptr, *[types.int64] * 3, types.voidptr,
-                   types.int64, types.int64, types.voidptr, types.int64)   # see _llvm.call_rows
-_TABLE: tuple | None = None
-
-
-def kernel_table() -> np.ndarray:
-    """C entry points of the families [Q8_0/Q8_1, Q8_K, float] as addresses, compiled (or loaded) once."""
-    global _TABLE
-    if _TABLE is None:
-        fns = [cfunc(_CSIG, cache=True)(f) for f in (_c_q8_0, _c_q8_k, _c_float)]
-        _TABLE = (np.array([f.address for f in fns], np.int64), fns)   # the cfunc objects keep the code alive
-    return _TABLE[0]
-
-
-@njit(inline="always")
-def family_index(qt):
-    """0: Q8_0/Q8_1 activations, 1: Q8_K, 2: float (the order of kernel_table)."""
-    if qt == Q4_0 or qt == Q4_1 or qt == Q5_0 or qt == Q5_1 or qt == Q8_0 or qt == IQ4_NL or qt == MXFP4 \
-            or qt == Q2_0:
-        return 0
-    if qt == F32_T or qt == F16_T or qt == BF16_T:
-        return 2
-    return 1
-
-
-def family(qtype: int):
-    """The compiled row function for a type (host-side dispatch: kernels.rows)."""
-    if qtype in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_0):
-        return rows_q8_0
-    if qtype in (F32_T, F16_T, BF16_T):
-        return rows_float
-    return rows_q8_k
