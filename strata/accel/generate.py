@@ -89,8 +89,14 @@ def run_gpu(a, dev) -> int:
         order = routing_trace.hottest_first(counts, m.cfg.n_layer, m.cfg.n_expert)
     pool, notice = None, contextlib.nullcontext
     try:
+        from strata.accel.cpu import warm
         from strata.accel.cpu.compile_note import compile_notice
         from strata.accel.cpu.pool import ExpertPool, default_workers
+
+        # a first run compiles the pool's kernels in processes of their own (warm.py); later runs spawn nothing
+        warming = warm.start(warm.model_types(m), note, only=warm.GPU_PARTS)
+        if warming is not None:
+            warming.wait()
 
         workers = a.pool_workers if a.pool_workers is not None else max(1, default_workers() - 1)
         notice = functools.partial(compile_notice, note, "the host's kernels")

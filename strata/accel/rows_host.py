@@ -264,3 +264,23 @@ def pack_bound(W: int, members: int, rows: int, n_ra: int, n_rb: int) -> int:
     """Bytes pack_layer may write for `members` group members of `rows` rows in all, W blob offsets and the
     riders' sizes: each member's pointers in both of its sets, a tile a row at most, the alignment pads."""
     return W * 2 * members * 8 + 12 * rows + 4 * (n_ra + n_rb) + 64
+
+
+def warm() -> None:
+    """Compile (or load) every function above with the argument types the engine passes (a machine's first run
+    does this in a process of its own: strata/accel/cpu/warm.py). A small layer: 4 experts, 3 tokens, top-2."""
+    i64, K = np.int64, 2
+    cnt = np.array([3, 0, 2, 1], i64)
+    res, strm, cpu = split_routed(cnt, np.array([True, False, False, True]), np.zeros(4, np.bool_))
+    layout(np.array([0, 2, 0, 3, 0, 2], np.int32), cnt, res, strm, cpu, K)
+    order, rank, off, starts = order_layout(cnt, res, strm, cpu)
+    tile_sums(np.zeros(8, np.int32), 2, 4)
+    c = cnt[order].astype(i64)
+    first, size = np.zeros(1, i64), np.array([order.size], i64)
+    rows = group_rows(c, first, size, 8, 64, 128)
+    many_tile(c, 8, 64, 128)
+    group_tiles(c, starts, first, size, 8, 8, rows)
+    ra, rb = off.astype(np.int32), np.zeros(0, np.int32)
+    out = np.zeros(pack_bound(3, order.size, int(c.sum()), ra.size, rb.size), np.uint8)
+    pack_layer(c, starts, first, size, np.arange(order.size, dtype=i64), np.zeros(1, np.uint64),
+               np.ones(1, np.uint64), np.zeros(3, np.uint64), 8, 8, rows, ra, rb, out)

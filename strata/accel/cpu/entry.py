@@ -103,21 +103,26 @@ class _Entries:
 _ENTRIES = _Entries()
 
 
-def _index(qt: int) -> int:
+def family_of(qt: int) -> int:
+    """The index in FAMILIES of type qt's family."""
     try:
         return _OF[int(qt)]
     except KeyError:
         raise ValueError(f"ggml type {qt} has no CPU row kernel") from None
 
 
+def has_kernel(qt: int) -> bool:
+    return int(qt) in _OF
+
+
 def family(qt: int):
     """The compiled row function of a type (host-side dispatch)."""
-    return FAMILIES[_index(qt)][0]
+    return FAMILIES[family_of(qt)][0]
 
 
 def ensure(qt: int) -> None:
     """The family of type qt compiled (or loaded from Numba's cache) and its types' entries in the table."""
-    i = _index(qt)
+    i = family_of(qt)
     if i in _ENTRIES.keep:
         return
     with _ENTRIES.lock:

@@ -42,6 +42,7 @@ def gpu_only_flags(a) -> list[str]:
 
 def run_cpu(a) -> int:
     from strata import routing_trace
+    from strata.accel.cpu import warm
     from strata.accel.cpu.compile_note import compile_notice
     from strata.accel.cpu.ops import CpuEngine
     from strata.accel.cpu.pool import ExpertPool
@@ -53,6 +54,9 @@ def run_cpu(a) -> int:
     if ignored:
         _note(f"{', '.join(ignored)}: the GPU engine's (VRAM and its expert cache); the CPU backend runs the whole "
               f"model from RAM, so they change nothing here (--device host runs the GPU engine on its CPU twin)")
+    warming = warm.start(warm.model_types(m), _note, only=warm.CPU_PARTS)   # a first run: in parallel processes
+    if warming is not None:
+        warming.wait()
     compiling = contextlib.ExitStack()          # one line while the pool and the warm-up compile (a first run)
     compiling.enter_context(compile_notice(_note))
     pool = ExpertPool(getattr(a, "pool_workers", None))

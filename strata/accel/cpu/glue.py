@@ -136,3 +136,23 @@ def combine(dm, order, w):
             for d in range(D):
                 out[t, d] = out[t, d] + wk * dm[src, d]
     return out
+
+
+def warm() -> None:
+    """Compile (or load) the steps above and dense.py's row steps with the argument types CpuEngine passes (a
+    machine's first run does this in a process of its own: warm.py). The norm weight is read-only, as mapped."""
+    from strata.accel.cpu.dense import rms_norm_rows, softmax_rows
+
+    T, K, D, H, hd = 2, 2, 8, 2, 4
+    x = np.ones((T, D), np.float32)
+    nw = np.ones(D, np.float32)
+    nw.flags.writeable = False
+    rms_norm_rows(x, nw, 1e-6, np.empty_like(x))
+    softmax_rows(x, np.empty((T, D), np.float64))
+    ids, w = topk_rows(np.ascontiguousarray(x, np.float32), K)
+    renorm_rows(np.ascontiguousarray(w, np.float32))
+    rope_rows(np.ones((T, H, hd), np.float32), np.ones((4, hd // 2), np.float32), np.zeros((4, hd // 2), np.float32),
+              np.arange(T, dtype=np.int64), hd, True)
+    plan, owner, order, xs, dm = expert_plan(np.array([[0, 1], [1, 0]], np.int32), np.zeros(JF, np.int64),
+                                             np.zeros(3, np.int64), np.ones(3, np.int64), x, 8)
+    combine(dm, order, np.ones((T, K), np.float32))
