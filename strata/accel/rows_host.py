@@ -280,7 +280,8 @@ def warm() -> None:
     rows = group_rows(c, first, size, 8, 64, 128)
     many_tile(c, 8, 64, 128)
     group_tiles(c, starts, first, size, 8, 8, rows)
-    ra, rb = off.astype(np.int32), np.zeros(0, np.int32)
-    out = np.zeros(pack_bound(3, order.size, int(c.sum()), ra.size, rb.size), np.uint8)
-    pack_layer(c, starts, first, size, np.arange(order.size, dtype=i64), np.zeros(1, np.uint64),
-               np.ones(1, np.uint64), np.zeros(3, np.uint64), 8, 8, rows, ra, rb, out)
+    # the riders: the device layout's off [E] and an empty table; the host layout's slot [T, K] and src [R]
+    for ra, rb in ((off.astype(np.int32), np.zeros(0, np.int32)), (np.zeros((3, K), np.int32), np.zeros(6, np.int32))):
+        out = np.zeros(pack_bound(3, order.size, int(c.sum()), ra.size, rb.size), np.uint8)
+        pack_layer(c, starts, first, size, np.arange(order.size, dtype=i64), np.zeros(1, np.uint64),
+                   np.ones(1, np.uint64), np.zeros(3, np.uint64), 8, 8, rows, ra, rb, out)
