@@ -24,7 +24,9 @@ _CSIG = types.void(types.int64, types.voidptr, *[types.int64] * 4, types.voidptr
                    types.int64, types.int64, types.voidptr, types.int64)   # see _llvm.call_rows
 
 
-# one C wrapper a family: buffers arrive as (pointer, length) pairs and become arrays again
+# one C wrapper a family: buffers arrive as (pointer, length) pairs and become arrays again. Written out, not made
+# by a closure: Numba caches a function under its own name and line, so closures of one factory would share one
+# cache index, which warm.py's children, compiling families at once, would overwrite in turn
 def _c_q8_0(qt, w, wn, wrow, r0, r1, a, an, arow, T, out, on, ostride, ws, wsn):
     R.rows_q8_0(qt, carray(w, (wn,), np.uint8), wrow, r0, r1, carray(a, (an,), np.uint8), arow, T,
                 carray(out, (on,), np.float32), ostride, carray(ws, (wsn,), np.uint8))
