@@ -71,3 +71,19 @@ def test_a_bad_part_is_refused():
     r = subprocess.run([sys.executable, "-m", "strata.accel.cpu.warm", "nonsense"], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert r.returncode == 2 and "no part 'nonsense'" in r.stderr, r.stderr
+
+
+def test_an_interrupted_wait_kills_the_children(monkeypatch):
+    from strata.accel.cpu import warm
+
+    procs = [(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]), open(os.devnull, "rb"))
+             for _ in range(2)]
+    w = warm.Warming(["a", "b"], procs, 0.0, None)
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(procs[0][0], "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        w.wait()
+    for p, err in procs:
+        assert subprocess.Popen.wait(p, timeout=10) != 0 and err.closed

@@ -106,14 +106,22 @@ class Warming:
 
     def wait(self) -> None:
         failed = []
-        for name, (p, err) in zip(self.names, self._procs):
-            try:
-                if p.wait(timeout=max(1.0, WAIT_S - (time.perf_counter() - self._t0))) != 0:
-                    err.seek(0)
-                    failed.append(f"{name} (exit {p.returncode}: {err.read().decode(errors='replace').strip()[-300:]})")
-            except subprocess.TimeoutExpired:
-                failed.append(f"{name} (still compiling after {WAIT_S} s)")
-            finally:
+        try:
+            for name, (p, err) in zip(self.names, self._procs):
+                try:
+                    if p.wait(timeout=max(1.0, WAIT_S - (time.perf_counter() - self._t0))) != 0:
+                        err.seek(0)
+                        tail = err.read().decode(errors="replace").strip()[-300:]
+                        failed.append(f"{name} (exit {p.returncode}: {tail})")
+                except subprocess.TimeoutExpired:
+                    failed.append(f"{name} (still compiling after {WAIT_S} s)")
+        except BaseException:            # an interrupt (Ctrl-C) takes the children with it
+            for p, _ in self._procs:
+                if p.poll() is None:
+                    p.kill()
+            raise
+        finally:
+            for _, err in self._procs:
                 err.close()
         if self._note:
             msg = f"compiled the CPU kernels in {len(self.names)} processes in {time.perf_counter() - self._t0:.1f} s"
