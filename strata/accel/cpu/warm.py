@@ -1,9 +1,8 @@
 """A machine's first run compiles the CPU kernels in several processes at once. Numba compiles one function at a
-time in a process (its compiler lock), and a first run's ~20 s is a few independent trees: the pool's scheduler,
-the GPU engine's host layout (rows_host.py), the CPU backend's steps between batches (glue.py), one row-kernel
-family per quant type of the model (entry.py). Each
-cold part compiles in a child process, which writes Numba's cache; this process then loads it (~1 s) where it
-would have compiled.
+time in a process (its compiler lock), and a first run's ~20 s is a few independent trees: the pool's scheduler
+(its workers' side and its host's), the GPU engine's host layout (rows_host.py), the CPU backend's steps between
+batches (glue.py), one row-kernel family per quant type of the model (entry.py). Each cold part compiles in a
+child process, which writes Numba's cache; this process then loads it (~1 s) where it would have compiled.
 
     w = start(model_types(model), note)   # None when nothing is cold (every later run)
     ...                                   # anything that compiles nothing
@@ -26,8 +25,8 @@ import numpy as np
 
 from strata.accel.cpu import entry
 
-CPU_PARTS = ("sched", "family", "glue")     # the CPU backend's parts (the layout is the GPU engine's)
-GPU_PARTS = ("sched", "family", "layout")   # the GPU engine's (its CPU pool takes experts only)
+CPU_PARTS = ("sched", "plan", "family", "glue")     # the CPU backend's parts (the layout is the GPU engine's)
+GPU_PARTS = ("sched", "plan", "family", "layout")   # the GPU engine's (its CPU pool takes experts only)
 MIN_CORES = 4          # on 2 cores the children took as long as this process alone (21 s, the default model)
 WAIT_S = 600           # a child past this is left to finish alone; this process compiles what it lacks itself
 
@@ -51,21 +50,39 @@ def _layout_sentinel():
     return rows_host.pack_layer
 
 
-def _warm_sched() -> None:
-    """The scheduler's tree, with the signatures the pool calls it with: one float expert through a one-worker
-    pool. Job kinds and types are run-time values to the scheduler, so this one job compiles all of it."""
-    from strata.accel.cpu.pool import ExpertJob, ExpertPool
+def _pool_types():
+    """Numba's types of the pool's scheduler arguments: an int, a flag, int64 [n] and [n, m], uint8 [n]."""
+    from numba import typeof
 
-    F32 = 0
-    D = F = 32
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, D)).astype(np.float32)
-    blob = rng.standard_normal(3 * D * F).astype(np.float32).view(np.uint8)
-    pool = ExpertPool(1, host=True)
-    try:
-        pool.run([ExpertJob(blob, (F32, F32, F32), D, F, x, np.empty_like(x))])
-    finally:
-        pool.close()
+    return (typeof(0), typeof(True), typeof(np.zeros(1, np.int64)), typeof(np.zeros((1, 1), np.int64)),
+            typeof(np.zeros(1, np.uint8)))
+
+
+def _warm_sched() -> None:
+    """The workers' side of the pool's scheduler: `step` and everything it links (the tiles' work, quantisers,
+    attention; the row kernels are called by address, entry.py), at the signature pool.py calls it with."""
+    from strata.accel.cpu import _sched as S
+
+    i, b, a1, _, _ = _pool_types()
+    S.step.compile((a1, i, i, i, b))
+
+
+def _warm_plan() -> None:
+    """The host's side of the pool's scheduler: a batch's tiles and its publication, the host's park, ctl words."""
+    from strata.accel.cpu import _sched as S
+
+    i, b, a1, a2, u1 = _pool_types()
+    S.launch.compile((a1, i, a2, a1, i, u1, b))
+    S.park_host.compile((a1, i))
+    S.ctl_load.compile((a1, i))
+    S.ctl_add.compile((a1, i, i))
+    S.ctl_store.compile((a1, i, i))
+    S.tick_count.compile(())
+
+
+def _plan_sentinel():
+    from strata.accel.cpu import _sched
+    return _sched.launch
 
 
 def _warm_layout() -> None:
@@ -86,7 +103,8 @@ def _warm_glue() -> None:
 def parts(types) -> dict[str, tuple]:
     """name -> (sentinel dispatcher getter, compile function) of the scheduler, the layout, and the families of
     `types` (ggml ids without a CPU kernel are skipped)."""
-    out = {"sched": (_sched_sentinel, _warm_sched), "layout": (_layout_sentinel, _warm_layout),
+    out = {"sched": (_sched_sentinel, _warm_sched), "plan": (_plan_sentinel, _warm_plan),
+           "layout": (_layout_sentinel, _warm_layout),
            "glue": (_glue_sentinel, _warm_glue)}
     for i in sorted({entry.family_of(t) for t in types if entry.has_kernel(t)}):
         fam = entry.FAMILIES[i]
