@@ -215,15 +215,9 @@ class GpuEngine(MoeBlock):
         copy: at load on the H200 it once read 18.6 GB/s where the link carries ~50 (share_f_full_stop24b.log);
         with the warm-up it read 47.0-50.8 GB/s in stop 25's six loads (share_f_full_stop25*.log)."""
         blob = self.arena.blob(0, 0)
-        self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)
-        e0, e1 = self.dev.event(), self.dev.event()
-        e0.record(self.dev.copy)
-        for _ in range(reps):
-            self.dev.h2d(self.dring.buf[0, :blob.nbytes], blob, self.dev.copy)   # (nothing reads the ring yet)
-        e1.record(self.dev.copy)
-        e1.synchronize()
-        ms = e0.elapsed_ms(e1)
-        return blob.nbytes * reps / max(ms, 1e-6) / 1e6
+        slot = self.dring.buf[0, :blob.nbytes]                       # (nothing reads the ring yet)
+        self.dev.h2d(slot, blob, self.dev.copy)
+        return blob.nbytes / max(self.dev.h2d_ms(slot, blob, reps), 1e-9) / 1e6
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def reset(self):

@@ -367,7 +367,8 @@ class ExpertPool:
             if isinstance(job, ExpertJob):
                 d, f = job.n_embd, job.n_ff
                 gt, ut, dt = job.types
-                entry.ensure(gt), entry.ensure(ut), entry.ensure(dt)
+                for t in job.types:
+                    entry.ensure(t)
                 gat, uat, dat = (quants.get(t).vec_dot_type for t in job.types)
                 p[S.J_KIND], p[S.J_D], p[S.J_F] = S.JOB_EXPERT, d, f
                 p[S.J_GW], p[S.J_UW], p[S.J_DW] = (address(m) for m in job.parts)

@@ -103,6 +103,17 @@ class Device(abc.ABC):
         """Asynchronous host -> device copy of `src` (pinned) into device array `dst` (same nbytes); with an
         emulated link, the stream is held until n / link_gbps after the copy started."""
 
+    def h2d_ms(self, dst, src: np.ndarray, reps: int = 1) -> float:
+        """Mean milliseconds of `reps` copies of pinned `src` into `dst` on the copy stream, timed by events on it
+        (from when the stream reaches the first: what it already holds is not counted)."""
+        e0, e1 = self.event(), self.event()
+        e0.record(self.copy)
+        for _ in range(reps):
+            self.h2d(dst, src, self.copy)
+        e1.record(self.copy)
+        e1.synchronize()
+        return e0.elapsed_ms(e1) / reps
+
     def h2d_rows(self, dst, row: int, src: np.ndarray, stream: Stream) -> None:
         """Asynchronous copy of pinned `src` ([m, n] bytes, or [n]: one row) into rows row .. row+m-1 of the 2-D
         device array `dst`, each row's first n bytes (expert blobs into cache or ring slots). This base version
