@@ -4,13 +4,15 @@ bit for bit: the knobs move host work, not arithmetic).
 
 Knobs, set on one engine: rows_on_device (a MoeBlock attribute: a prompt layer's pairs laid out on the device, the
 sync downloading counts only; off: on the host from the downloaded ids); guess_p (the engine's RouteMemory.p_min:
-guess an expert a chunk routes with at least this probability). Not kept, run in earlier forms of this script:
-guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued after the combine,
-0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers guessed ahead,
-knobs_depth_q48_*_stop46.log).
+guess an expert a chunk routes with at least this probability); pre_groups (a MoeBlock attribute: launch groups of a
+prompt layer's cache hits issued before its routing sync, strata/accel/presync.py; 0: none). Not kept, run in earlier
+forms of this script: guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued
+after the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers
+guessed ahead, knobs_depth_q48_*_stop46.log).
 
-python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS OLD NEW
-    OLD, NEW: each arm's knobs, name=value[,name=value] (rows_on_device=0 rows_on_device=1; guess_p=0.3)"""
+python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS OLD NEW [FRAC]
+    OLD, NEW: each arm's knobs, name=value[,name=value] (rows_on_device=0 rows_on_device=1; guess_p=0.3); FRAC: the
+    share of the experts each engine's cache holds (default 0.25, the benchmark's quarter cache; 1: all resident)"""
 import sys
 
 import numpy as np
@@ -19,7 +21,8 @@ from kernel_ab import AB
 from prefill import quarter_engines      # bench/prefill.py
 
 KNOBS = {"rows_on_device": lambda e, v: setattr(e, "rows_on_device", bool(int(v))),
-         "guess_p": lambda e, v: setattr(e.routes, "p_min", float(v))}
+         "guess_p": lambda e, v: setattr(e.routes, "p_min", float(v)),
+         "pre_groups": lambda e, v: setattr(e, "pre_groups", int(v))}
 
 
 def knobs(spec: str) -> list[tuple[str, str]]:
@@ -32,8 +35,8 @@ def knobs(spec: str) -> list[tuple[str, str]]:
 class KnobAB(AB):
     """kernel_ab.AB's prompts on two engines, each with its own knobs."""
 
-    def __init__(self, path: str, old: str, new: str, rounds: int):
-        self.dev, self.m, self.arena, (eo, en) = quarter_engines(path, 2)
+    def __init__(self, path: str, old: str, new: str, rounds: int, frac: float = 0.25):
+        self.dev, self.m, self.arena, (eo, en) = quarter_engines(path, 2, frac=frac)
         for e, spec in ((eo, old), (en, new)):
             for k, v in knobs(spec):
                 KNOBS[k](e, v)
@@ -45,8 +48,9 @@ class KnobAB(AB):
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
 old, new = sys.argv[4], sys.argv[5]
-ab = KnobAB(path, old, new, rounds)
-print(f"old = {old}, new = {new}", flush=True)
+frac = float(sys.argv[6]) if len(sys.argv) > 6 else 0.25
+ab = KnobAB(path, old, new, rounds, frac)
+print(f"old = {old}, new = {new}, cache {frac:.2f} of the experts", flush=True)
 ab.prompts(lengths, np.random.default_rng(0))
 for md, (e, _) in ab.arms.items():
     s = e.stats

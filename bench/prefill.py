@@ -64,9 +64,9 @@ def warm(engines, lengths, rng, n_vocab: int, rounds: int = 2) -> None:
                 e.prefill(p)
 
 
-def quarter_engines(path: str, n: int, n_ctx: int = 8200):
-    """The in-process A/B scripts' set-up: n engines with this bench's quarter cache on one arena, the CPU share
-    off -> (device, model, arena, engines). CUDA only."""
+def quarter_engines(path: str, n: int, n_ctx: int = 8200, frac: float = 0.25):
+    """The in-process A/B scripts' set-up: n engines with this bench's quarter cache (or a cache of `frac` of the
+    experts) on one arena, the CPU share off -> (device, model, arena, engines). CUDA only."""
     import dataclasses
 
     from strata import models, policy
@@ -78,7 +78,7 @@ def quarter_engines(path: str, n: int, n_ctx: int = 8200):
     dev = CudaDevice()
     m = models.load(path)
     c = m.cfg
-    budget = budget_holding(m, n_ctx, int(0.25 * c.n_layer * c.n_expert))
+    budget = budget_holding(m, n_ctx, int(frac * c.n_layer * c.n_expert))
     arena = Arena(m, dev)
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
     return dev, m, arena, [GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget, config=cfg, arena=arena)

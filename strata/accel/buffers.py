@@ -14,6 +14,7 @@ import numpy as np
 from strata.accel.device.base import Bump
 from strata.accel.gpu.cuda_decode import attn_decode_cols
 from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS, ROUTE_TILE
+from strata.accel.presync import carve_shape, pre_bytes
 from strata.models.base import QKNorm
 
 ALIGN = Bump.ALIGN
@@ -59,6 +60,8 @@ class StepBuffers:
     w_gu: object = None         # f16 [G, 2F, D] dequantised gate | up weights of a group
     w_d: object = None          # f16 [G, D, F]  dequantised down weights of a group
     attn_scratch: object = None  # u8            blocked attention's score buffers
+    pre: object = None          # u8             the pre-sync groups' tables (presync.py)
+    pre_shape: object = None    # presync.PreShape of `pre`
 
 
 def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver, weights=None,
@@ -88,6 +91,8 @@ def carve(cfg, cap: int, group: int, attn_scratch_bytes: int, carver: Carver, we
         b.w_gu, b.w_d = weights
         assert b.w_gu is None or (b.w_gu.shape == (group, 2 * F, D) and b.w_d.shape == (group, D, F)), group
     b.attn_scratch = c.take((attn_scratch_bytes,), np.uint8)
+    b.pre_shape = carve_shape(cfg.n_expert, cap, K, group)
+    b.pre = c.take((pre_bytes(b.pre_shape),), np.uint8)
     return b
 
 

@@ -103,6 +103,7 @@ class ExpertRunner:
         self.types = layer_types
         self.offsets = [blob_offsets(cfg, t) for t in layer_types]
         self.few_rows = few_rows
+        self.pre = self.k.pre_tables(bufs.pre, bufs.pre_shape)         # the pre-sync groups' (presync.py)
 
     def resident_groups(self, resident: list[int], lay: RowLayout) -> list[list[int]]:
         """Runs of the resident experts (row order) of at most policy.GROUP_RESIDENT, and at most the weight
@@ -131,6 +132,40 @@ class ExpertRunner:
             (self.few_rows, ROWS_TILE, rows), self.dev.compute, riders)
         rows = rows.tolist()
         return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i], rows[i]) for i in range(n_g)], dev_riders
+
+    def pre_tiling(self) -> tuple[int, int, int, int]:
+        """presync's tiling: (few_rows, rows_tile, bm, big_bm), the rules `tables` cuts its tiles by."""
+        return self.few_rows, ROWS_TILE, GEMM_BM, self.k.gemm_big_rows
+
+    def group_pre(self, layer: int, g) -> None:
+        """Enqueue a pre-sync group (presync.PreGroup g, tables the device made from the routing): the same launches
+        as `group`, over grids of its capacity whose blocks past the device's tiles exit, the scratch indexed by
+        member (a member that takes expert_rows has no many-row pointer, so dequant leaves its scratch alone)."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+        tg, tu, td = self.types[layer]
+        if g.n64 or g.n128:
+            if tg == tu:
+                k.dequant(b.w_gu, g.many[0], tg, 2 * F, D, s)
+            else:
+                k.dequant(b.w_gu[:, :F], g.many[0], tg, F, D, s)
+                k.dequant(b.w_gu[:, F:], g.many[1], tu, F, D, s)
+            k.dequant(b.w_d, g.many[2], td, D, F, s)
+        if g.nf:
+            if tg == tu:
+                k.expert_rows(b.gu, b.xg, g.few[0], g.tf, g.nf, tg, 2 * F, D, s)
+            else:
+                k.expert_rows(b.gu[:, :F], b.xg, g.few[0], g.tf, g.nf, tg, F, D, s)
+                k.expert_rows(b.gu[:, F:], b.xg, g.few[1], g.tf, g.nf, tu, F, D, s)
+        for t, n, rows in ((g.t64, g.n64, GEMM_BM), (g.t128, g.n128, self.k.gemm_big_rows)):
+            if n:
+                k.gemm_grouped(b.gu, b.xg, b.w_gu, t, n, s, rows)                # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        k.swiglu_span(b.hh, b.gu, g.span, F, b.rows, s)                          # H = silu(G) · U
+        if g.nf:
+            k.expert_rows(b.dm, b.hh, g.few[2], g.tf, g.nf, td, D, F, s)
+        for t, n, rows in ((g.t64, g.n64, GEMM_BM), (g.t128, g.n128, self.k.gemm_big_rows)):
+            if n:
+                k.gemm_grouped(b.dm, b.hh, b.w_d, t, n, s, rows)                 # Dm[rows] = H[rows] · Wdᵀ
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
         """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for

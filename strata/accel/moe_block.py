@@ -15,6 +15,7 @@ import numpy as np
 from strata.accel.deferred import DeferredBlock
 from strata.accel.gpu.kernels import ROUTE_TILE
 from strata.accel.moe import placement, row_layout, row_order
+from strata.accel.presync import PRE_GROUPS, fills
 from strata.accel.rows_host import tile_sums
 from strata.accel.stream import Walk
 from strata.policy.stream import routed_group, routed_groups, unrouted_waste, walk_runs
@@ -24,6 +25,9 @@ class MoeBlock:
     # a prompt layer's pairs get their rows on the device from its copy of the routing (kernels.route_rows); off: on
     # the host from the downloaded ids, the same tables (bench/knobs_ab.py)
     rows_on_device = True
+    # launch groups of a prompt layer's cache hits issued before its routing sync, their tables made on the device
+    # (presync.py); 0: none, every group after the sync from the host's tables (bench/knobs_ab.py)
+    pre_groups = PRE_GROUPS
 
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
@@ -129,6 +133,9 @@ class MoeBlock:
             if not on_dev or self.on_routing:
                 dev.d2h(self.ids_host[:P], ids_dev, s)
             self.sync_ev.record(s)
+        n_pre = 0                            # groups issued before the sync, J·G of the routed residents at most
+        if on_dev and self.pre_groups and self._walk is None and self._admissions is None:
+            n_pre = self._issue_pre(layer, h, ids_dev, P, nt)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
         t_synced = time.perf_counter()
@@ -185,7 +192,7 @@ class MoeBlock:
         # frees its ring slots, early (bench/prefill.py on the H200: 5-15% faster than streamed-first).
         # Every group's slots are known before any copy lands (walk entry k -> ring slot k mod R), so one
         # upload carries the whole layer's tables, the row tables (slot, src) with them.
-        res_groups = self._runner.resident_groups(lay.resident, lay)
+        res_groups = self._runner.resident_groups(lay.resident[n_pre * self._runner.bufs.group:], lay)
         sgroups, unrouted = [], {}
         if self._walk is not None:   # stream-all: this layer's queue entries; unrouted ones just free their slot
             walk = self._walk
@@ -201,17 +208,22 @@ class MoeBlock:
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
-        riders = (lay.off.astype(np.int32),) if on_dev else (lay.slot, lay.src)     # in the tables' one upload
-        if plan:
+        riders = () if n_pre else (lay.off.astype(np.int32),) if on_dev else (lay.slot, lay.src)   # in the tables'
+        if plan:                                                                                  # one upload
             tabs, dev_riders = self._runner.tables(layer, plan, lay, riders=riders)
-        else:                                            # every routed expert on the CPU
+        elif riders:                                     # every routed expert on the CPU
             tabs, dev_riders = [], k.upload_many(list(riders), s)
-        if on_dev:
+        else:                                            # every routed expert in the pre-sync groups
+            tabs, dev_riders = [], []
+        if n_pre:                                        # the rows and the gather were issued before the sync
+            slot_dev = bufs.slot
+        elif on_dev:
             k.route_rows(bufs.slot, bufs.src, ids_dev, dev_riders[0], bufs.hist, P, K, s)
             slot_dev, src_dev = bufs.slot, bufs.src         # whole: the kernels read their first P (no views made)
         else:
             slot_dev, src_dev = dev_riders
-        k.gather_f16(bufs.xg[:R], h, src_dev, s)                                # Xg [R, D] fp16, row order
+        if not n_pre:
+            k.gather_f16(bufs.xg[:R], h, src_dev, s)                            # Xg [R, D] fp16, row order
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
         if not self._decode:
             self.stats.layout_s += time.perf_counter() - t_synced
@@ -260,6 +272,34 @@ class MoeBlock:
             out = dev.empty((T, c.n_embd), np.float32)
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
+
+    def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> int:
+        """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, and up to
+        pre_groups launch groups of its routed residents (presync.py), behind the counts' download. The row order
+        is the host's: the residents, then a guessed walk's experts in its order, then the others by id. Returns
+        the groups issued."""
+        k, s, runner = self.k, self.dev.compute, self._runner
+        bufs, G, K = runner.bufs, runner.bufs.group, self.cfg.n_expert_used
+        resident = np.flatnonzero(self.cache.resident(layer))
+        J = min(self.pre_groups, -(-resident.size // G))
+        if not J:
+            return 0
+        order = resident
+        if self._pre is not None:                   # a guessed walk (_guess): its entries follow the residents
+            order = np.concatenate([resident, np.asarray([e for _, e in self._pre[1].entries], np.int64)])
+        T = h.shape[0]
+        tiling = runner.pre_tiling()
+        fill = fills(T, K, G, *tiling)
+        pt = runner.pre
+        if J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.s64 or fill[2] > pt.shape.s128:
+            return 0                                # the carved tables cannot hold them (few_rows past CARVE_FEW_ROWS)
+        k.plan_groups(pt, bufs.hist, nt, order, resident.size, (self.cache.buf, self.cache.slot_of[layer, resident]),
+                      runner.offsets[layer], J, tiling, fill, s)
+        k.route_rows(bufs.slot, bufs.src, ids_dev, k.pre_route_off(pt), bufs.hist, P, K, s)
+        k.gather_f16(bufs.xg[:P], h, bufs.src, s)                              # Xg [R, D] fp16, row order
+        for j in range(J):
+            runner.group_pre(layer, k.pre_group(pt, j, fill))
+        return J
 
     def _guess(self, layer: int, T: int) -> None:
         """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes

@@ -19,6 +19,7 @@ from strata.accel.gpu.cublas_lib import WORKSPACE_BYTES, Cublas
 from strata.accel.gpu.cuda_attn import CudaAttentionKernels
 from strata.accel.gpu.cuda_decode import CudaDecodeKernels
 from strata.accel.gpu.cuda_modules import ModuleSet
+from strata.accel.gpu.cuda_presync import CudaPresyncKernels
 from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
 from strata.accel.moe import GEMM_BM
 from strata.accel.rows_host import pack_bound, pack_layer
@@ -113,7 +114,7 @@ def _tab_ptr(t):
     return np.uint64(t[0]) if isinstance(t, tuple) else t
 
 
-class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
+class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, CudaPresyncKernels, Kernels):
     # route_rows' shared memory, (ROUTE_TILE / 32 + 1) ints an expert, within the 48 KiB a block has by default
     route_max_experts = 48 * 1024 // ((ROUTE_TILE // 32 + 1) * 4)
 
@@ -130,7 +131,8 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
         self.blas.set_workspace(self.handle, self._blas_ws.data.ptr, WORKSPACE_BYTES)
         self.mod = self.mods.get("engine")
         self.fn = {name: self.mod.get_function(name) for name in (
-            "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu", "combine",
+            "gemm_grouped_mma", "gemm_grouped_mma128", "gemm_grouped_simt", "gather_f16", "to_f16", "swiglu",
+            "swiglu_span", "combine",
             "rms_norm", "rope", "kv_store", "norm_rope", "norm_rope_warp", "router_topk", "attn_qperm", "attn_softmax",
             "attn_operm", "gemv_f16", "gemv_f32", "to_f32", "pull_bytes", "sigmoid_gate", "add_f32", "add_bias_f32")}
         self.gemm_kind = gemm                                     # "mma" (tensor cores) or "simt"
@@ -260,7 +262,7 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, Kernels):
             src = dq.source("route_kernels.cu")
             assert re.search(r"^#define RT_TILE (\d+)", src, re.M).group(1) == str(ROUTE_TILE), "kernels.ROUTE_TILE"
             mod = self.mods.get("route")
-            self._route = {n: mod.get_function(n) for n in ("route_hist", "route_rows")}
+            self._route = {n: mod.get_function(n) for n in ("route_hist", "route_rows", "plan_groups")}
         return self._route[name]
 
     def route_hist(self, hist, ids, P, stream):

@@ -8,6 +8,7 @@ import numpy as np
 
 from strata import quants
 from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
+from strata.accel.presync import PreGroup, plan_host
 from strata.reference.linalg import weight_rows
 
 F16, F32 = np.float16, np.float32
@@ -17,6 +18,14 @@ PAD_ROWS = 64       # the twin's GEMM rows: a multiple of prompt_graph.BUCKET (t
 def _silu(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return x / (1.0 + np.exp(-x))
+
+
+class _PreTables:
+    """presync's tables on the twin: off i32 [E], ptrs [J, 2, W, G] (blob entries or None), tiles i32 [J, ts, 3],
+    spans i32 [J, 2]."""
+
+    def __init__(self, shape, off, ptrs, tiles, spans):
+        self.shape, self.off, self.ptrs, self.tiles, self.spans = shape, off, ptrs, tiles, spans
 
 
 class HostKernels(Kernels):
@@ -65,13 +74,64 @@ class HostKernels(Kernels):
 
         self._run(stream, run)
 
+    # --- a layer's cache hits before its routing sync -----------------------------------------------------------
+    def pre_tables(self, buf, shape):
+        s = shape
+        return _PreTables(s, np.zeros(s.E, np.int32), np.full((s.J, 2, s.W, s.G), None, object),
+                          np.zeros((s.J, s.ts, 3), np.int32), np.zeros((s.J, 2), np.int32))
+
+    def pre_route_off(self, pt):
+        return pt.off
+
+    def plan_groups(self, pt, hist, nt, order, nc, blobs, offs, J, tiling, fill, stream):
+        s = pt.shape
+        order = np.array(order, np.int64)
+        buf, idx = blobs[0], np.array(blobs[1], np.int64)
+
+        def run():
+            cnt = hist[:nt].sum(0)
+            off, members, bms, tiles, spans = plan_host(cnt, order, nc, J, s.G, *tiling)
+            pt.off[:] = off
+            pt.ptrs[...] = None
+            pt.tiles[...] = 0
+            for j in range(J):
+                for p, i in enumerate(members[j]):
+                    for w, o in enumerate(offs):
+                        pt.ptrs[j, 0, w, p] = (buf, int(idx[i]), o)
+                        if cnt[order[i]] > tiling[0]:
+                            pt.ptrs[j, 1, w, p] = (buf, int(idx[i]), o)
+                few, gemm = tiles[j]
+                assert len(few) <= fill[0] and len(gemm) <= (fill[1] if bms[j] == tiling[2] else fill[2])
+                pt.tiles[j, :len(few)] = np.asarray(few, np.int32).reshape(-1, 3)
+                base = s.sf + (0 if bms[j] == tiling[2] else s.s64)
+                pt.tiles[j, base:base + len(gemm)] = np.asarray(gemm, np.int32).reshape(-1, 3)
+                pt.spans[j] = spans[j]
+
+        self._run(stream, run)
+
+    def pre_group(self, pt, j, fill):
+        s = pt.shape
+        nf, n64, n128 = fill
+        return PreGroup(tuple(pt.ptrs[j, 0]), tuple(pt.ptrs[j, 1]), pt.tiles[j, :s.sf], pt.tiles[j, s.sf:s.sf + s.s64],
+                        pt.tiles[j, s.sf + s.s64:], nf, n64, n128, pt.spans[j])
+
+    def swiglu_span(self, out, gu, span, f, rows, stream):
+        def run():
+            r0, r1 = int(span[0]), int(span[1])
+            out[r0:r1] = (_silu(gu[r0:r1, :f]) * gu[r0:r1, f:2 * f]).astype(F16)
+
+        self._run(stream, run)
+
     # --- experts ---------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
         q = quants.get(qtype)
         nbytes = n * q.row_bytes(k)
 
         def run():
-            for g, (buf, idx, off) in enumerate(blobs):
+            for g, entry in enumerate(blobs):
+                if entry is None:                      # a pre-sync group's member that takes expert_rows
+                    continue
+                buf, idx, off = entry
                 raw = buf[idx, off:off + nbytes]
                 out[g] = q.dequantize(raw.reshape(-1, q.type_size)).reshape(n, k).astype(F16)
 
@@ -83,6 +143,8 @@ class HostKernels(Kernels):
 
         def run():
             for g, r0, r1 in tiles[:n_tiles]:
+                if r0 >= r1:                           # an empty tile (presync.py)
+                    continue
                 buf, idx, off = blobs[g]
                 w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
                 out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
@@ -107,6 +169,7 @@ class HostKernels(Kernels):
             # one product per run of an expert's consecutive tiles: numpy's sums depend on the rows a product
             # takes, and the CUDA kernels' depend on the rows and W[g] alone, whatever the tiles (max_rows)
             i, t = 0, np.asarray(tiles[:n_tiles])
+            t = t[t[:, 1] < t[:, 2]]                   # empty tiles (presync.py) compute nothing
             while i < len(t):
                 g, r0, r1 = (int(x) for x in t[i])
                 i += 1

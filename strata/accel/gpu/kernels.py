@@ -120,17 +120,46 @@ class Kernels(abc.ABC):
         rows hold its pairs in order): slot i32 [P] <- the row of each pair, src i32 [P] <- the token of each row.
         off: the first row of each routed expert (i32 [E], an uploaded table); hist: route_hist's of these ids."""
 
+    # --- a layer's cache hits before its routing sync (presync.py) -------------------------------------------
+    @abc.abstractmethod
+    def pre_tables(self, buf, shape) -> object:
+        """The pre-sync groups' tables of presync.PreShape `shape` in buf (device u8, presync.pre_bytes(shape))."""
+
+    @abc.abstractmethod
+    def pre_route_off(self, pt) -> object:
+        """pt's row offsets (i32 [E]) as `route_rows` takes its `off`."""
+
+    @abc.abstractmethod
+    def plan_groups(self, pt, hist, nt: int, order: np.ndarray, nc: int, blobs: tuple, offs: tuple[int, ...], J: int,
+                    tiling: tuple[int, int, int, int], fill: tuple[int, int, int], stream) -> None:
+        """presync.plan_host's tables into pt, from the counts of hist's first nt tiles (route_hist's) as the work
+        reaches them: order (host i64 experts, the row order's prefix), its first nc the candidates, whose blobs are
+        rows blobs[1] of blobs[0] (a [n, slot_bytes] device array); offs the byte offsets into a blob; J groups;
+        tiling (few_rows, rows_tile, bm, big_bm); fill: the tiles each launch covers (presync.fills at the chunk's
+        T)."""
+
+    @abc.abstractmethod
+    def pre_group(self, pt, j: int, fill: tuple[int, int, int]):
+        """Group j's tables of pt as a presync.PreGroup."""
+
+    @abc.abstractmethod
+    def swiglu_span(self, out, gu, span, f: int, rows: int, stream) -> None:
+        """As swiglu over rows span[0] .. span[1] - 1 (a device i32 [2] a PreGroup names) of out f16 [R, f] and gu
+        f32 [R, 2f] (whole, not row slices); rows: the most the span may hold."""
+
     # --- experts -------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def dequant(self, out, blobs, qtype: int, n: int, k: int, stream) -> None:
-        """out f16 [G, n, k] <- rows [n, k] of type `qtype` at each uploaded blob_table entry."""
+        """out f16 [G, n, k] <- rows [n, k] of type `qtype` at each uploaded blob_table entry (out[g] untouched where
+        entry g is empty: a pre-sync group's member that takes expert_rows)."""
 
     @abc.abstractmethod
     def expert_rows(self, out, a, blobs, tiles, n_tiles: int, qtype: int, n: int, k: int, stream) -> None:
         """Few-row experts straight from their blobs: for each tile (g, r0, r1) of tiles i32 [n_tiles, 3]
-        (r1 - r0 <= moe.ROWS_TILE): out f32 [r0:r1, :n] = a f16 [r0:r1, :k] · W_gᵀ, W_g the n x k matrix of
-        type `qtype` at blob_table entry g, each weight dequantised exactly and rounded to fp16, fp32 sums (the
-        order of the sums is the kernel's own, not gemm_grouped's). out may be a column slice (row stride > n)."""
+        (r1 - r0 <= moe.ROWS_TILE; r0 == r1 an empty tile): out f32 [r0:r1, :n] = a f16 [r0:r1, :k] · W_gᵀ, W_g the
+        n x k matrix of type `qtype` at blob_table entry g, each weight dequantised exactly and rounded to fp16, fp32
+        sums (the order of the sums is the kernel's own, not gemm_grouped's). out may be a column slice (row stride >
+        n)."""
 
     @abc.abstractmethod
     def gather_f16(self, out, x, src, stream) -> None:
@@ -140,8 +169,9 @@ class Kernels(abc.ABC):
     @abc.abstractmethod
     def gemm_grouped(self, out, a, w, tiles, n_tiles: int, stream, max_rows: int | None = None) -> None:
         """For each tile (g, r0, r1) of tiles i32 [n_tiles, 3]: out f32 [r0:r1, N] = a f16 [r0:r1, K] · w[g].T,
-        w f16 [G, N, K]. max_rows: the tile size the tiles were cut at (moe.GEMM_BM or gemm_big_rows; None: the
-        larger), which a kernel set may use to pick its kernel; the result is the same."""
+        w f16 [G, N, K]; an empty tile (r0 == r1) computes nothing. max_rows: the tile size the tiles were cut at
+        (moe.GEMM_BM or gemm_big_rows; None: the larger), which a kernel set may use to pick its kernel; the result
+        is the same."""
 
     @abc.abstractmethod
     def swiglu(self, out, gu, f: int, stream) -> None:

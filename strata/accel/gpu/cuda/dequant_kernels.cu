@@ -3,7 +3,8 @@
 // Per type <nm> (the suffixes of dequant.cuh's STRATA_TYPE lines), two extern "C" kernels:
 //   dequant_rows_<nm>(const unsigned long long* ptrs, int n_ptrs, int n_rows, int row_blocks, uint16_t* out)
 //       for each g < n_ptrs: ptrs[g] is the device address of n_rows·row_blocks contiguous blocks (one
-//       matrix, e.g. an expert blob); out [n_ptrs, n_rows, row_blocks·QK] fp16 bits. Grid: (x, n_ptrs).
+//       matrix, e.g. an expert blob; 0: none, out[g] left as it is); out [n_ptrs, n_rows, row_blocks·QK] fp16
+//       bits. Grid: (x, n_ptrs).
 //   dequant_<nm>(const uint8_t* src, long long n_blocks, uint16_t* out)
 //       one matrix of n_blocks blocks -> out [n_blocks·QK] (dense weights at load). Grid: (x, 1).
 //   dequant_f32_<nm>(const uint8_t* src, long long n_blocks, float* out)
@@ -83,7 +84,7 @@ __device__ __forceinline__ void dequant_span(const uint8_t* src, long long n_blo
     extern "C" __global__ void dequant_rows_##nm(const unsigned long long* ptrs, int n_ptrs, int n_rows,     \
                                                  int row_blocks, uint16_t* out) {                            \
         const int g = blockIdx.y;                                                                            \
-        if (g >= n_ptrs) return;                                                                             \
+        if (g >= n_ptrs || !ptrs[g]) return;    /* 0: a member that takes expert_rows (presync.py) */      \
         const long long n_blocks = (long long)n_rows * row_blocks;                                           \
         dequant_span<nm##_t>(reinterpret_cast<const uint8_t*>(ptrs[g]), n_blocks,                            \
                              out + (long long)g * n_blocks * nm##_t::QK);                                    \

@@ -76,6 +76,17 @@ extern "C" __global__ void swiglu(half_t* out, const float* gu, int R, int F, in
     }
 }
 
+// swiglu over rows span[0] .. span[1] - 1 of out and gu (a launch group's rows, made on the device before the
+// routing sync: presync.py), the grid striding over them; the same expression, so the same bits
+extern "C" __global__ void swiglu_span(half_t* out, const float* gu, const int* span, int F, int ldg) {
+    const int r1 = span[1];
+    for (int r = span[0] + blockIdx.x; r < r1; r += gridDim.x)
+        for (int f = threadIdx.x; f < F; f += blockDim.x) {
+            const float g = gu[(long long)r * ldg + f], u = gu[(long long)r * ldg + F + f];
+            out[(long long)r * F + f] = swiglu_h(g, u);
+        }
+}
+
 // out = a + b, n floats: a block's residual add (ops.add) as one raw launch, where CuPy's `a + b` cost its
 // elementwise dispatch (~30 us of host time a call in a prompt on the H200, hostline_dense_q8_stop29.log); the same
 // f32 sum

@@ -69,6 +69,7 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     half_t(*As)[P::BM][LD] = reinterpret_cast<half_t(*)[P::BM][LD]>(smem);                 // [S][BM][LD]
     half_t(*Bs)[P::BN][LD] = reinterpret_cast<half_t(*)[P::BN][LD]>(smem + S * P::BM * LD * 2);   // [S][BN][LD]
     const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
+    if (r0 >= r1) return;                       // an empty tile: a grid past the device's tiles (presync.py)
     const int n0 = blockIdx.y * P::BN;
     const half_t* Wg = W + (long long)g * N * Kd;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

@@ -61,3 +61,103 @@ extern "C" __global__ void __launch_bounds__(RT_TILE) route_rows(int* slot, int*
         src[r] = p / K;
     }
 }
+
+// Before a prompt layer's routing sync (presync.py states the rule, plan_host is it on the host): from the counts
+// (hist's first nt tiles), off [E] <- each routed expert's first row, order[0 .. n_order) first, the others by id
+// (0 for the unrouted); and J launch groups over the routed experts among order's first nc, G a group in row order:
+// ptrs [J][2][W][G] (set 0 every member's blob + offs[w], set 1 the same where the member takes the GEMM, else 0),
+// tiles [J][sf + s64 + s128][3] (g, r0, r1): expert_rows' of rows_tile rows, then the bm-row GEMM's, then the
+// big_bm-row GEMM's, each padded with (0, 0, 0) to nf / n64 / n128 (the launches' grids), spans [J][2] the group's
+// rows. One block: thread 0 walks the order (at most E experts, J·G members), then the threads write the tables.
+extern "C" __global__ void __launch_bounds__(256) plan_groups(
+        int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, int nt, int E,
+        const int* order, int n_order, int nc, const unsigned long long* cptr, const unsigned long long* offs, int W,
+        int J, int G, int few_rows, int rows_tile, int bm, int big_bm, int sf, int s64, int s128, int nf, int n64,
+        int n128) {
+    extern __shared__ int sh[];
+    int* cnt = sh;                      // [E]
+    int* pos = cnt + E;                 // [E] position in order, -1 past it
+    int* memb = pos + E;                // [J·G] each member's index into order
+    int* mst = memb + J * G;            // [J·G] its first row
+    int* mtb = mst + J * G;             // [J·G] its first tile in its group's table
+    int* gsz = mtb + J * G;             // [J][3] tiles a group's tables hold; [J] its GEMM row tile after them
+    const int tid = threadIdx.x, JG = J * G, ts = sf + s64 + s128;
+    for (int e = tid; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int t = 0; t < nt; t++) c += hist[(long long)t * E + e];
+        cnt[e] = c;
+        pos[e] = -1;
+    }
+    __syncthreads();
+    for (int i = tid; i < n_order; i += blockDim.x) pos[order[i]] = i;
+    __syncthreads();
+    if (tid == 0) {
+        int s = 0, nm = 0;
+        for (int i = 0; i < n_order; i++) {
+            const int e = order[i], c = cnt[e];
+            off[e] = c > 0 ? s : 0;
+            if (c > 0 && i < nc && nm < JG) {
+                memb[nm] = i;
+                mst[nm++] = s;
+            }
+            s += c;
+        }
+        for (int e = 0; e < E; e++)
+            if (pos[e] < 0) {
+                off[e] = cnt[e] > 0 ? s : 0;
+                s += cnt[e];
+            }
+        for (int q = nm; q < JG; q++) memb[q] = -1;
+        for (int j = 0; j < J; j++) {
+            int b = big_bm > bm ? big_bm : bm;             // rows_host.many_tile
+            for (int q = j * G; q < (j + 1) * G && q < nm; q++) {
+                const int c = cnt[order[memb[q]]];
+                if (c > few_rows && c <= bm) b = bm;
+            }
+            int nfj = 0, ngj = 0;
+            for (int q = j * G; q < (j + 1) * G && q < nm; q++) {
+                const int c = cnt[order[memb[q]]];
+                if (c <= few_rows) {
+                    mtb[q] = nfj;
+                    nfj += (c + rows_tile - 1) / rows_tile;
+                } else {
+                    mtb[q] = ngj;
+                    ngj += (c + b - 1) / b;
+                }
+            }
+            gsz[3 * j] = nfj;
+            gsz[3 * j + 1] = b == bm ? ngj : 0;
+            gsz[3 * j + 2] = b == bm ? 0 : ngj;
+            gsz[3 * J + j] = b;
+            const int q0 = j * G, q1 = min((j + 1) * G, nm) - 1;
+            spans[2 * j] = q0 <= q1 ? mst[q0] : 0;
+            spans[2 * j + 1] = q0 <= q1 ? mst[q1] + cnt[order[memb[q1]]] : 0;
+        }
+    }
+    __syncthreads();
+    for (int q = tid; q < JG; q += blockDim.x) {
+        const int j = q / G, p = q - j * G, i = memb[q];
+        const int c = i >= 0 ? cnt[order[i]] : 0;
+        const unsigned long long base = i >= 0 ? cptr[i] : 0ull;
+        for (int w = 0; w < W; w++) {
+            ptrs[((long long)(2 * j) * W + w) * G + p] = i >= 0 ? base + offs[w] : 0ull;
+            ptrs[((long long)(2 * j + 1) * W + w) * G + p] = i >= 0 && c > few_rows ? base + offs[w] : 0ull;
+        }
+        if (i < 0) continue;
+        const int b = gsz[3 * J + j], size = c <= few_rows ? rows_tile : b;
+        int* t = tiles + 3 * ((long long)j * ts + (c <= few_rows ? 0 : b == bm ? sf : sf + s64) + mtb[q]);
+        for (int r = mst[q]; r < mst[q] + c; r += size, t += 3) {
+            t[0] = p;
+            t[1] = r;
+            t[2] = min(r + size, mst[q] + c);
+        }
+    }
+    for (int j = 0; j < J; j++) {                     // the empty tiles up to each launch's grid
+        int* t = tiles + 3 * (long long)j * ts;
+        for (int u = gsz[3 * j] + tid; u < nf; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
+        t += 3 * sf;
+        for (int u = gsz[3 * j + 1] + tid; u < n64; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
+        t += 3 * s64;
+        for (int u = gsz[3 * j + 2] + tid; u < n128; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
+    }
+}

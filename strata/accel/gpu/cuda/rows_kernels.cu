@@ -49,6 +49,7 @@ __device__ __forceinline__ void expert_rows(float* out, int ldo, const half_t* A
     constexpr int BPS = 32 / PPB;         // blocks per warp step
     const int* t = tiles + 3 * blockIdx.x;
     const int g = t[0], r0 = t[1], nr = t[2] - t[1];
+    if (nr <= 0) return;                        // an empty tile: a grid past the device's tiles (presync.py)
     const uint8_t* W = reinterpret_cast<const uint8_t*>(ptrs[g]);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t* st = stage + warp * ER_STAGE;

@@ -1,0 +1,90 @@
+"""The pre-sync launch groups' tables on CUDA (presync.py states the rule; cuda/route_kernels.cu plan_groups makes
+them, kernels.py states the contract). Legend: E experts, J groups, G members a group, W blob offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.accel.presync import PreGroup, PreShape, pre_bytes
+
+PLAN_THREADS = 256                  # plan_groups' block (route_kernels.cu __launch_bounds__)
+
+
+def _up(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+@dataclass(frozen=True)
+class CudaPreTables:
+    """presync.pre_bytes' layout at a device address: off i32 [E] | ptrs u64 [J, 2, W, G] | tiles i32 [J, ts, 3] |
+    spans i32 [J, 2]."""
+
+    shape: PreShape
+    off: int
+    ptrs: int
+    tiles: int
+    spans: int
+
+    @classmethod
+    def at(cls, base: int, s: PreShape) -> CudaPreTables:
+        ptrs = base + _up(4 * s.E)
+        tiles = ptrs + _up(8 * s.J * 2 * s.W * s.G)
+        return cls(s, base, ptrs, tiles, tiles + _up(12 * s.J * s.ts))
+
+
+class CudaPresyncKernels:
+    """Mixed into CudaKernels (self.cp, self.mods, self._route_fn, the staging ring's _room / _send)."""
+
+    def pre_tables(self, buf, shape: PreShape):
+        assert buf.dtype == np.uint8 and buf.nbytes >= pre_bytes(shape) and buf.data.ptr % 256 == 0
+        return CudaPreTables.at(buf.data.ptr, shape)
+
+    def pre_route_off(self, pt):
+        return (pt.off, pt.shape.E)
+
+    def plan_groups(self, pt, hist, nt, order, nc, blobs, offs, J, tiling, fill, stream):
+        s = pt.shape
+        buf, idx = blobs
+        few_rows, rows_tile, bm, big_bm = tiling
+        assert hist.dtype == np.int32 and hist.shape[1] == s.E and J <= s.J and len(offs) == s.W
+        assert len(idx) == nc <= len(order) <= s.E
+        n_o = len(order)
+        # one upload: order i32 | the candidates' blob addresses u64 | offs u64
+        a = _up(4 * n_o)
+        nbytes = a + 8 * (nc + s.W)
+        off, room = self._room(nbytes, stream)
+        room[:4 * n_o].view(np.int32)[:] = order
+        words = room[a:nbytes].view(np.uint64)
+        words[:nc] = np.uint64(buf.data.ptr) + np.asarray(idx, np.uint64) * np.uint64(buf.strides[0])
+        words[nc:] = np.asarray(offs, np.uint64)
+        self._send(off, nbytes, stream)
+        dev = self._st(stream).dbase + off
+        shared = 4 * (2 * s.E + 3 * J * s.G + 4 * J)
+        self._route_fn("plan_groups")(
+            (1,), (PLAN_THREADS,),
+            (np.uint64(pt.off), np.uint64(pt.ptrs), np.uint64(pt.tiles), np.uint64(pt.spans), hist, np.int32(nt),
+             np.int32(s.E), np.uint64(dev), np.int32(n_o), np.int32(nc), np.uint64(dev + a),
+             np.uint64(dev + a + 8 * nc), np.int32(s.W), np.int32(J), np.int32(s.G), np.int32(few_rows),
+             np.int32(rows_tile), np.int32(bm), np.int32(big_bm), np.int32(s.sf), np.int32(s.s64), np.int32(s.s128),
+             *(np.int32(f) for f in fill)), stream=stream.s, shared_mem=shared)
+
+    def pre_group(self, pt, j, fill):
+        s = pt.shape
+        nf, n64, n128 = fill
+        p = pt.ptrs + 8 * 2 * j * s.W * s.G
+        few = tuple((p + 8 * w * s.G, s.G) for w in range(s.W))
+        many = tuple((p + 8 * (s.W + w) * s.G, s.G) for w in range(s.W))
+        t = pt.tiles + 12 * j * s.ts
+        return PreGroup(few, many, (t, nf), (t + 12 * s.sf, n64), (t + 12 * (s.sf + s.s64), n128), nf, n64, n128,
+                        (pt.spans + 8 * j, 2))
+
+    def swiglu_span(self, out, gu, span, f, rows, stream):
+        assert out.dtype == np.float16 and gu.dtype == np.float32 and gu.strides[1] == 4 and out.flags.c_contiguous
+        assert out.shape[1] == f
+        if rows:
+            self.fn["swiglu_span"]((min(rows, 4096),), (256,),
+                                   (out, gu, np.uint64(span[0]), np.int32(f), np.int32(gu.strides[0] // 4)),
+                                   stream=stream.s)

@@ -1,0 +1,215 @@
+"""A prompt layer's cache hits launched before its routing sync (strata/accel/presync.py). The rule (plan_host)
+against the host's layout and tables (moe.row_order, rows_host.group_tiles); CUDA's plan_groups against the rule;
+and the engine with the pre-sync groups against the engine without them: the same bits, at every residency, group
+size and few-row threshold, with and without guessed walks, on the host twin and on CUDA."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from strata import models
+from strata.accel.moe import placement, row_order
+from strata.accel.presync import PreShape, fills, plan_host
+from strata.accel.rows_host import group_tiles, many_tile
+from strata.reference import golden
+from strata.tokenizer import Tokenizer
+
+KINDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@st.composite
+def layers(draw):
+    E = draw(st.integers(2, 60))
+    K = draw(st.integers(1, min(4, E)))
+    T = draw(st.integers(1, 80))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    ids = np.stack([rng.choice(E, K, replace=False, p=None) for _ in range(T)])
+    resident = rng.random(E) < draw(st.floats(0.0, 1.0))
+    free = np.flatnonzero(~resident)
+    guessed = rng.permutation(free)[:draw(st.integers(0, free.size))]          # a guessed walk's order
+    J, G = draw(st.integers(1, 4)), draw(st.integers(1, 8))
+    few = draw(st.sampled_from([0, 2, 8]))
+    return ids, resident, guessed, J, G, few
+
+
+def _host_side(ids, resident, guessed):
+    """The host's layout of a layer after its sync, as moe_block makes it (residents by id, then the guessed walk's
+    routed experts in its order, then the missed ones by id)."""
+    cnt = np.bincount(ids.ravel(), minlength=resident.size)
+    res, strm, cpu = placement(cnt, resident, ())
+    missed = [e for e in strm.tolist() if e not in set(guessed.tolist())]
+    walk = guessed.tolist() + missed
+    routed = set(strm.tolist())
+    strm = np.asarray([e for e in walk if e in routed], np.int64)
+    return cnt, row_order(cnt, (res, strm, cpu))
+
+
+@settings(max_examples=300, deadline=None)
+@given(layers())
+def test_the_rule_gives_the_hosts_rows_and_tiles(layer):
+    ids, resident, guessed, J, G, few = layer
+    rt, bm, big = 2, 4, 8
+    cnt, lay = _host_side(ids, resident, guessed)
+    res_ids = np.flatnonzero(resident)
+    order = np.concatenate([res_ids, guessed]).astype(np.int64)
+    off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, J, G, few, rt, bm, big)
+    routed = np.flatnonzero(cnt)
+    assert np.array_equal(off[routed], lay.off[routed])
+    assert not off[cnt == 0].any()
+    covered = lay.resident[:J * G]
+    assert [int(order[i]) for m in members for i in m] == covered
+    T, K = ids.shape
+    f = fills(T, K, G, few, rt, bm, big)
+    for j, m in enumerate(members):
+        mem = [int(order[i]) for i in m]
+        assert mem == covered[j * G:(j + 1) * G]
+        if not mem:
+            assert spans[j] == (0, 0) and tiles[j] == ([], [])
+            continue
+        c = lay.cnt[mem].astype(np.int64)
+        s = lay.off[mem].astype(np.int64)
+        assert bms[j] == many_tile(c, few, bm, big)
+        tl, cut, many, _ = group_tiles(c, s, np.zeros(1, np.int64), np.array([len(mem)]), few, rt,
+                                       np.array([bms[j]]))
+        # the host's many-row tiles index the many-row members; the rule's every table indexes the members
+        want_few = [tuple(t) for t in tl[cut[0]:cut[1]].tolist()]
+        want_gemm = [(int(many[g]), r0, r1) for g, r0, r1 in tl[cut[1]:cut[2]].tolist()]
+        assert tiles[j] == (want_few, want_gemm)
+        assert len(want_few) <= f[0] and len(want_gemm) <= (f[1] if bms[j] == bm else f[2])
+        assert spans[j] == (int(s[0]), int(s[-1] + c[-1]))
+
+
+def test_shapes_hold_every_fill():
+    """The carved strides (buffers.carve: presync.carve_shape) hold any chunk's fills up to its capacity."""
+    from strata.accel.presync import CARVE_FEW_ROWS, carve_shape
+
+    for cap, K, G in ((1, 1, 1), (64, 8, 16), (1280, 8, 16), (900, 6, 4)):
+        s = carve_shape(128, cap, K, G)
+        for T in (1, cap // 2 + 1, cap):
+            for few in (0, 8, CARVE_FEW_ROWS):
+                for big in (0, 128):
+                    nf, n64, n128 = fills(T, K, G, few, 8, 64, big)
+                    assert nf <= s.sf and n64 <= s.s64 and n128 <= s.s128
+
+
+@pytest.mark.gpu
+def test_cuda_tables_are_the_rules():
+    """plan_groups on CUDA against plan_host: the offsets, every group's pointers (set 0 every member, set 1 the
+    many-row members, 0 elsewhere), its tiles padded with empty ones to the fills, its span."""
+    pytest.importorskip("cupy")
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.gpu.kernels import ROUTE_TILE
+    from strata.accel.presync import pre_bytes
+
+    dev = CudaDevice()
+    k, s = dev.k, dev.compute
+    try:
+        rng = np.random.default_rng(7)
+        for E, K, T, J, G, few, frac in ((128, 8, 900, 2, 16, 8, 0.25), (60, 4, 37, 4, 3, 8, 0.6),
+                                         (512, 10, 1300, 2, 16, 8, 0.3), (8, 2, 5, 1, 8, 0, 1.0)):
+            ids = np.stack([rng.choice(E, K, replace=False, p=_skew(rng, E)) for _ in range(T)]).astype(np.int32)
+            P, nt = T * K, -(-T * K // ROUTE_TILE)
+            hist = dev.zeros((nt, E), np.int32)
+            k.route_hist(hist, dev.asarray(ids.reshape(-1)), P, s)
+            resident = rng.random(E) < frac
+            res_ids = np.flatnonzero(resident)
+            guessed = rng.permutation(np.flatnonzero(~resident))[:5]
+            order = np.concatenate([res_ids, guessed]).astype(np.int64)
+            shape = PreShape.of(J, G, 3, E, T, K, few, 8, 64, k.gemm_big_rows)
+            buf = dev.zeros((pre_bytes(shape),), np.uint8)
+            pt = k.pre_tables(buf, shape)
+            blobs = dev.zeros((E + 3, 4096), np.uint8)
+            idx = rng.permutation(E + 3)[:res_ids.size]
+            offs = (0, 1000, 2500)
+            tiling = (few, 8, 64, k.gemm_big_rows)
+            fill = fills(T, K, G, *tiling)
+            k.plan_groups(pt, hist, nt, order, res_ids.size, (blobs, idx), offs, J, tiling, fill, s)
+            dev.synchronize()
+            raw = dev.tohost(buf)
+            cnt = np.bincount(ids.ravel(), minlength=E)
+            off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, J, G, *tiling)
+            got_off = raw[pt.off - buf.data.ptr:][:4 * E].view(np.int32)
+            assert np.array_equal(got_off, off), (E, T)
+            ptrs = raw[pt.ptrs - buf.data.ptr:][:8 * J * 2 * 3 * G].view(np.uint64).reshape(J, 2, 3, G)
+            tl = raw[pt.tiles - buf.data.ptr:][:12 * J * shape.ts].view(np.int32).reshape(J, shape.ts, 3)
+            sp = raw[pt.spans - buf.data.ptr:][:8 * J].view(np.int32).reshape(J, 2)
+            base = np.uint64(blobs.data.ptr)
+            for j in range(J):
+                want = np.zeros((2, 3, G), np.uint64)
+                for p, i in enumerate(members[j]):
+                    a = base + np.uint64(idx[i]) * np.uint64(4096)
+                    for w, o in enumerate(offs):
+                        want[0, w, p] = a + np.uint64(o)
+                        if cnt[order[i]] > few:
+                            want[1, w, p] = a + np.uint64(o)
+                assert np.array_equal(ptrs[j], want), (E, T, j)
+                fw, gm = tiles[j]
+                big = bms[j] != 64
+                want_t = np.zeros((shape.ts, 3), np.int32)
+                want_t[:len(fw)] = np.asarray(fw, np.int32).reshape(-1, 3)
+                at = shape.sf + (shape.s64 if big else 0)
+                want_t[at:at + len(gm)] = np.asarray(gm, np.int32).reshape(-1, 3)
+                # what the launches read: each table up to its fill
+                for lo, n in ((0, fill[0]), (shape.sf, fill[1]), (shape.sf + shape.s64, fill[2])):
+                    assert np.array_equal(tl[j, lo:lo + n], want_t[lo:lo + n]), (E, T, j, lo)
+                assert tuple(sp[j]) == spans[j], (E, T, j)
+    finally:
+        dev.close()
+
+
+def _skew(rng, E):
+    p = rng.random(E) ** 4
+    return p / p.sum()
+
+
+def _device(kind):
+    if kind == "host":
+        from strata.accel.device.host import HostDevice
+
+        return HostDevice(delay_s=0.0005)
+    pytest.importorskip("cupy")
+    from strata.accel.device.cuda import CudaDevice
+
+    return CudaDevice()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-olmoe", "tiny-mixtral"])
+def test_pre_sync_groups_keep_the_bits(kind, name):
+    """Three prompts (the later ones guess their layers' experts from the earlier ones' routing) and a decode step,
+    with 0, 2 and 4 pre-sync groups, the cache holding all, half or a quarter of the experts, groups of 16 or 2
+    experts, few-row thresholds 8 and 0: the logits of every arm have the bits of the arm without pre-sync groups,
+    and the arms with them issue them (the layers' residents take them)."""
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(name))
+    tok = Tokenizer.from_metadata(m.metadata)
+    prompts = [tok.encode(t) for t in golden.load_prompts()[0][:3]]
+    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    for few in (8, 0):
+        outs, issued = {}, {}
+        for pre in (0, 2, 4):
+            for cached in (n_pairs, n_pairs // 2, n_pairs // 4):
+                for group in (16, 2):
+                    dev = _device(kind)
+                    try:
+                        e = GpuEngine(m, dev, n_ctx=max(map(len, prompts)) + 4, expert_cache=cached,
+                                      prompt_groups=(group,), few_rows=few)
+                        e.pre_groups = pre
+                        n, plan = [0], dev.k.plan_groups
+                        dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
+                        got = []
+                        for p in prompts:
+                            e.reset()
+                            got.append(e.prefill(p, all_logits=True))
+                        got.append(e.decode([5]))
+                        outs[pre, cached, group] = np.concatenate(got)
+                        issued[pre, cached, group] = n[0], e.stats.guessed
+                    finally:
+                        dev.close()
+        base = outs[0, n_pairs, 16]
+        for key, got in outs.items():
+            assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"{name} few={few} {key}"
+        assert all(n == 3 * m.cfg.n_layer for (pre, _, _), (n, _) in issued.items() if pre), issued
+        assert not any(n for (pre, _, _), (n, _) in issued.items() if not pre)
+        assert any(g for (pre, c, _), (_, g) in issued.items() if pre and c < n_pairs), "no arm guessed"
