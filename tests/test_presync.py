@@ -52,17 +52,20 @@ def test_the_rule_gives_the_hosts_rows_and_tiles(layer):
     cnt, lay = _host_side(ids, resident, guessed)
     res_ids = np.flatnonzero(resident)
     order = np.concatenate([res_ids, guessed]).astype(np.int64)
-    off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, J, G, few, rt, bm, big)
+    J2 = J // 2                                  # groups of the guessed experts after J - J2 of the residents'
+    off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J - J2, J, G, few, rt, bm, big)
     routed = np.flatnonzero(cnt)
     assert np.array_equal(off[routed], lay.off[routed])
     assert not off[cnt == 0].any()
-    covered = lay.resident[:J * G]
-    assert [int(order[i]) for m in members for i in m] == covered
+    covered = lay.resident[:(J - J2) * G]
+    g_routed = [e for e in guessed.tolist() if cnt[e] > 0]
+    assert lay.streamed[:len(g_routed)] == g_routed
     T, K = ids.shape
     f = fills(T, K, G, few, rt, bm, big)
     for j, m in enumerate(members):
         mem = [int(order[i]) for i in m]
-        assert mem == covered[j * G:(j + 1) * G]
+        want = covered[j * G:(j + 1) * G] if j < J - J2 else g_routed[(j - J + J2) * G:(j - J + J2 + 1) * G]
+        assert mem == want
         if not mem:
             assert spans[j] == (0, 0) and tiles[j] == ([], [])
             continue
@@ -118,26 +121,28 @@ def test_cuda_tables_are_the_rules():
             shape = PreShape.of(J, G, 3, E, T, K, few, 8, 64, k.gemm_big_rows)
             buf = dev.zeros((pre_bytes(shape),), np.uint8)
             pt = k.pre_tables(buf, shape)
-            blobs = dev.zeros((E + 3, 4096), np.uint8)
-            idx = rng.permutation(E + 3)[:res_ids.size]
+            cache, ring = dev.zeros((E + 3, 4096), np.uint8), dev.zeros((18, 4096), np.uint8)
+            where = [(cache, i) for i in rng.permutation(E + 3)[:res_ids.size]] + [(ring, i) for i in range(guessed.size)]
+            blobs = [(cache, np.asarray([i for _, i in where[:res_ids.size]])), (ring, np.arange(guessed.size))]
             offs = (0, 1000, 2500)
             tiling = (few, 8, 64, k.gemm_big_rows)
             fill = fills(T, K, G, *tiling)
-            k.plan_groups(pt, hist, nt, order, res_ids.size, (blobs, idx), offs, J, tiling, fill, s)
+            J1 = max(1, J // 2)
+            k.plan_groups(pt, hist, nt, order, res_ids.size, blobs, offs, J1, J, tiling, fill, s)
             dev.synchronize()
             raw = dev.tohost(buf)
             cnt = np.bincount(ids.ravel(), minlength=E)
-            off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, J, G, *tiling)
+            off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J1, J, G, *tiling)
             got_off = raw[pt.off - buf.data.ptr:][:4 * E].view(np.int32)
             assert np.array_equal(got_off, off), (E, T)
             ptrs = raw[pt.ptrs - buf.data.ptr:][:8 * J * 2 * 3 * G].view(np.uint64).reshape(J, 2, 3, G)
             tl = raw[pt.tiles - buf.data.ptr:][:12 * J * shape.ts].view(np.int32).reshape(J, shape.ts, 3)
             sp = raw[pt.spans - buf.data.ptr:][:8 * J].view(np.int32).reshape(J, 2)
-            base = np.uint64(blobs.data.ptr)
             for j in range(J):
                 want = np.zeros((2, 3, G), np.uint64)
                 for p, i in enumerate(members[j]):
-                    a = base + np.uint64(idx[i]) * np.uint64(4096)
+                    b, row = where[i]
+                    a = np.uint64(b.data.ptr) + np.uint64(row) * np.uint64(4096)
                     for w, o in enumerate(offs):
                         want[0, w, p] = a + np.uint64(o)
                         if cnt[order[i]] > few:
@@ -179,7 +184,7 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
     """Three prompts (the later ones guess their layers' experts from the earlier ones' routing) and a decode step,
     with 0, 2 and 4 pre-sync groups, the cache holding all, half or a quarter of the experts, groups of 16 or 2
     experts, few-row thresholds 8 and 0: the logits of every arm have the bits of the arm without pre-sync groups,
-    and the arms with them issue them (the layers' residents take them)."""
+    and the arms with them issue them, of the residents and of the guessed experts."""
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path(name))
@@ -196,15 +201,22 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
                         e = GpuEngine(m, dev, n_ctx=max(map(len, prompts)) + 4, expert_cache=cached,
                                       prompt_groups=(group,), few_rows=few)
                         e.pre_groups = pre
-                        n, plan = [0], dev.k.plan_groups
-                        dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
+                        n, plan = [0, 0], dev.k.plan_groups
+
+                        def spy(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):
+                            _n[0] += 1
+                            _n[1] += J - J1                   # groups of guessed experts
+                            return _f(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a)
+                        dev.k.plan_groups = spy
                         got = []
                         for p in prompts:
                             e.reset()
                             got.append(e.prefill(p, all_logits=True))
+                            # every entry of the chunk's walks consumed: the pre-sync groups' too
+                            assert not any(e._ring.held), (name, pre, cached, group)
                         got.append(e.decode([5]))
                         outs[pre, cached, group] = np.concatenate(got)
-                        issued[pre, cached, group] = n[0], e.stats.guessed
+                        issued[pre, cached, group] = n[0], n[1]
                     finally:
                         dev.close()
         base = outs[0, n_pairs, 16]
@@ -212,4 +224,4 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
             assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"{name} few={few} {key}"
         assert all(n == 3 * m.cfg.n_layer for (pre, _, _), (n, _) in issued.items() if pre), issued
         assert not any(n for (pre, _, _), (n, _) in issued.items() if not pre)
-        assert any(g for (pre, c, _), (_, g) in issued.items() if pre and c < n_pairs), "no arm guessed"
+        assert any(g for (pre, c, _), (_, g) in issued.items() if pre and c < n_pairs), "no guessed groups"

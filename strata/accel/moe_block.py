@@ -133,9 +133,9 @@ class MoeBlock:
             if not on_dev or self.on_routing:
                 dev.d2h(self.ids_host[:P], ids_dev, s)
             self.sync_ev.record(s)
-        n_pre = 0                            # groups issued before the sync, J·G of the routed residents at most
+        n_pre = n_gpre = 0                   # groups issued before the sync: of residents, of guessed experts
         if on_dev and self.pre_groups and self._walk is None and self._admissions is None:
-            n_pre = self._issue_pre(layer, h, ids_dev, P, nt)
+            n_pre, n_gpre = self._issue_pre(layer, h, ids_dev, P, nt)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
         t_synced = time.perf_counter()
@@ -165,10 +165,14 @@ class MoeBlock:
         if inflight:                 # the experts whose copies are landing go last: the others compute meanwhile
             late = np.isin(parts[0], inflight)
             parts = (np.concatenate([parts[0][~late], parts[0][late]]), parts[1], parts[2])
-        walk = None
+        walk, covered = None, ()
         if pre is not None:                          # a guessed walk: the routed experts it missed go after it
             walk = pre[1]
             guessed = {e for _, e in walk.entries}
+            if n_gpre:                   # the pre-sync groups' entries: their readers are enqueued, free their slots
+                covered = [kq for kq, (_, e) in enumerate(walk.entries) if cnt[e] > 0]
+                covered = covered[:n_gpre * self._runner.bufs.group]
+                walk.consume(covered)
             missed = [(layer, e) for e in parts[1].tolist() if e not in guessed]
             self.stats.guessed_missed += len(missed)
             walk.extend(missed)
@@ -198,7 +202,8 @@ class MoeBlock:
             walk = self._walk
             sgroups, unrouted = self._stream_all_groups(layer, lay)
         elif pre is not None:        # a guessed walk: its unrouted guesses free their slots as the groups pass
-            sgroups, unrouted = routed_groups(walk.entries, range(len(walk.entries)), set(lay.streamed),
+            ks = range(len(walk.entries)) if not covered else sorted(set(range(len(walk.entries))) - set(covered))
+            sgroups, unrouted = routed_groups(walk.entries, ks, set(lay.streamed),
                                               routed_group(self._ring.n, self._runner.bufs.group), self._ring.n)
             self.stats.guessed_unrouted += sum(len(v) for v in unrouted.values())
         elif walk is not None:       # routed-only: this layer's streamed experts in id order, a group ahead
@@ -208,21 +213,22 @@ class MoeBlock:
         cache = self.cache
         plan = [(m, cache.buf, cache.slot_of[layer, m]) for m in res_groups]
         plan += [([walk.entries[kq][1] for kq in g], self._ring.buf, walk.slots(g)) for g in sgroups]
-        riders = () if n_pre else (lay.off.astype(np.int32),) if on_dev else (lay.slot, lay.src)   # in the tables'
+        pre_on = n_pre + n_gpre > 0          # the rows and the gather were issued before the sync
+        riders = () if pre_on else (lay.off.astype(np.int32),) if on_dev else (lay.slot, lay.src)  # in the tables'
         if plan:                                                                                  # one upload
             tabs, dev_riders = self._runner.tables(layer, plan, lay, riders=riders)
         elif riders:                                     # every routed expert on the CPU
             tabs, dev_riders = [], k.upload_many(list(riders), s)
         else:                                            # every routed expert in the pre-sync groups
             tabs, dev_riders = [], []
-        if n_pre:                                        # the rows and the gather were issued before the sync
+        if pre_on:
             slot_dev = bufs.slot
         elif on_dev:
             k.route_rows(bufs.slot, bufs.src, ids_dev, dev_riders[0], bufs.hist, P, K, s)
             slot_dev, src_dev = bufs.slot, bufs.src         # whole: the kernels read their first P (no views made)
         else:
             slot_dev, src_dev = dev_riders
-        if not n_pre:
+        if not pre_on:
             k.gather_f16(bufs.xg[:R], h, src_dev, s)                            # Xg [R, D] fp16, row order
         res_tabs, str_tabs = tabs[:len(res_groups)], tabs[len(res_groups):]
         if not self._decode:
@@ -273,33 +279,39 @@ class MoeBlock:
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
 
-    def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> int:
-        """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, and up to
-        pre_groups launch groups of its routed residents (presync.py), behind the counts' download. The row order
-        is the host's: the residents, then a guessed walk's experts in its order, then the others by id. Returns
-        the groups issued."""
+    def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> tuple[int, int]:
+        """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, up to
+        pre_groups launch groups of its routed residents, then (the compute stream waiting for the guessed walk's
+        copies) up to pre_groups of its routed guessed experts (presync.py), behind the counts' download. The row
+        order is the host's: the residents, then a guessed walk's experts in its order, then the others by id.
+        Returns the groups issued of each (residents, guessed)."""
         k, s, runner = self.k, self.dev.compute, self._runner
         bufs, G, K = runner.bufs, runner.bufs.group, self.cfg.n_expert_used
         resident = np.flatnonzero(self.cache.resident(layer))
-        J = min(self.pre_groups, -(-resident.size // G))
-        if not J:
-            return 0
-        order = resident
-        if self._pre is not None:                   # a guessed walk (_guess): its entries follow the residents
-            order = np.concatenate([resident, np.asarray([e for _, e in self._pre[1].entries], np.int64)])
+        walk = self._pre[1] if self._pre is not None else None
+        n_g = len(walk.entries) if walk is not None else 0
+        J1 = min(self.pre_groups, -(-resident.size // G))
+        J = J1 + min(self.pre_groups, -(-n_g // G))
         T = h.shape[0]
         tiling = runner.pre_tiling()
         fill = fills(T, K, G, *tiling)
         pt = runner.pre
-        if J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.s64 or fill[2] > pt.shape.s128:
-            return 0                                # the carved tables cannot hold them (few_rows past CARVE_FEW_ROWS)
-        k.plan_groups(pt, bufs.hist, nt, order, resident.size, (self.cache.buf, self.cache.slot_of[layer, resident]),
-                      runner.offsets[layer], J, tiling, fill, s)
+        if not J or J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.s64 or fill[2] > pt.shape.s128:
+            return 0, 0                             # none, or the carved tables cannot hold them (few_rows too large)
+        order = resident
+        blobs = [(self.cache.buf, self.cache.slot_of[layer, resident])]
+        if walk is not None:                        # a guessed walk (_guess): its entries follow the residents
+            order = np.concatenate([resident, np.asarray([e for _, e in walk.entries], np.int64)])
+            blobs.append((self._ring.buf, walk.slots(list(range(n_g)))))
+        k.plan_groups(pt, bufs.hist, nt, order, resident.size, blobs, runner.offsets[layer], J1, J, tiling, fill, s)
         k.route_rows(bufs.slot, bufs.src, ids_dev, k.pre_route_off(pt), bufs.hist, P, K, s)
         k.gather_f16(bufs.xg[:P], h, bufs.src, s)                              # Xg [R, D] fp16, row order
         for j in range(J):
+            if j == J1:                             # the guessed copies have landed (all were issued at the guess)
+                walk.ensure_issued(n_g - 1)
+                walk.acquire(list(range(n_g)))
             runner.group_pre(layer, k.pre_group(pt, j, fill))
-        return J
+        return J1, J - J1
 
     def _guess(self, layer: int, T: int) -> None:
         """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes

@@ -88,23 +88,24 @@ def pre_bytes(shape: PreShape) -> int:
     return up(4 * s.E) + up(8 * s.J * 2 * s.W * s.G) + up(12 * s.J * s.ts) + up(8 * s.J)
 
 
-def plan_host(cnt: np.ndarray, order: np.ndarray, nc: int, J: int, G: int, few_rows: int, rows_tile: int,
-              bm: int, big_bm: int):
+def plan_host(cnt: np.ndarray, order: np.ndarray, nc1: int, nc: int, J1: int, J: int, G: int, few_rows: int,
+              rows_tile: int, bm: int, big_bm: int):
     """The rule. cnt [E] the routing's counts; order: experts whose rows come first, in this order (the rest
-    follow by id); its first nc are the candidates. -> (off [E] i64 (0 for the unrouted), members [J] lists of
-    candidate indices into `order`, bms [J] each group's GEMM row tile, tiles [J] (few, gemm) lists of (g, r0, r1),
-    spans [J] (r0, r1))."""
+    follow by id); groups [0, J1) take the routed experts among order[:nc1], G a group in order, groups [J1, J)
+    those among order[nc1:nc] (the cache's experts; a guessed walk's, whose copies the compute stream waits for
+    between the two). -> (off [E] i64 (0 for the unrouted), members [J] lists of indices into `order`, bms [J]
+    each group's GEMM row tile, tiles [J] (few, gemm) lists of (g, r0, r1), spans [J] (r0, r1))."""
     E = cnt.shape[0]
     off = np.zeros(E, np.int64)
     in_order = np.zeros(E, np.bool_)
     in_order[order] = True
-    s, memb, starts = 0, [], []
+    s, memb = 0, ([], [])
     for i, e in enumerate(order.tolist()):
         if cnt[e] > 0:
             off[e] = s
-            if i < nc and len(memb) < J * G:
-                memb.append(i)
-                starts.append(s)
+            cls = 0 if i < nc1 else 1 if i < nc else None
+            if cls is not None and len(memb[cls]) < (J1, J - J1)[cls] * G:
+                memb[cls].append((i, s))
             s += int(cnt[e])
     for e in range(E):
         if not in_order[e] and cnt[e] > 0:
@@ -112,8 +113,10 @@ def plan_host(cnt: np.ndarray, order: np.ndarray, nc: int, J: int, G: int, few_r
             s += int(cnt[e])
     members, bms, tiles, spans = [], [], [], []
     for j in range(J):
-        m = memb[j * G:(j + 1) * G]
-        st = starts[j * G:(j + 1) * G]
+        q = j * G if j < J1 else (j - J1) * G
+        ms = memb[0 if j < J1 else 1][q:q + G]
+        m = [i for i, _ in ms]
+        st = [r for _, r in ms]
         c = [int(cnt[order[i]]) for i in m]
         many = [x for x in c if x > few_rows]
         b = big_bm if big_bm > bm and all(x > bm for x in many) else bm

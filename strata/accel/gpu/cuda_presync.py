@@ -45,12 +45,12 @@ class CudaPresyncKernels:
     def pre_route_off(self, pt):
         return (pt.off, pt.shape.E)
 
-    def plan_groups(self, pt, hist, nt, order, nc, blobs, offs, J, tiling, fill, stream):
+    def plan_groups(self, pt, hist, nt, order, nc1, blobs, offs, J1, J, tiling, fill, stream):
         s = pt.shape
-        buf, idx = blobs
+        nc = sum(len(idx) for _, idx in blobs)
         few_rows, rows_tile, bm, big_bm = tiling
-        assert hist.dtype == np.int32 and hist.shape[1] == s.E and J <= s.J and len(offs) == s.W
-        assert len(idx) == nc <= len(order) <= s.E
+        assert hist.dtype == np.int32 and hist.shape[1] == s.E and J1 <= J <= s.J and len(offs) == s.W
+        assert nc1 <= nc <= len(order) <= s.E
         n_o = len(order)
         # one upload: order i32 | the candidates' blob addresses u64 | offs u64
         a = _up(4 * n_o)
@@ -58,7 +58,10 @@ class CudaPresyncKernels:
         off, room = self._room(nbytes, stream)
         room[:4 * n_o].view(np.int32)[:] = order
         words = room[a:nbytes].view(np.uint64)
-        words[:nc] = np.uint64(buf.data.ptr) + np.asarray(idx, np.uint64) * np.uint64(buf.strides[0])
+        at = 0
+        for buf, idx in blobs:                      # each candidate's blob: a row of the cache or of the ring
+            words[at:at + len(idx)] = np.uint64(buf.data.ptr) + np.asarray(idx, np.uint64) * np.uint64(buf.strides[0])
+            at += len(idx)
         words[nc:] = np.asarray(offs, np.uint64)
         self._send(off, nbytes, stream)
         dev = self._st(stream).dbase + off
@@ -66,8 +69,8 @@ class CudaPresyncKernels:
         self._route_fn("plan_groups")(
             (1,), (PLAN_THREADS,),
             (np.uint64(pt.off), np.uint64(pt.ptrs), np.uint64(pt.tiles), np.uint64(pt.spans), hist, np.int32(nt),
-             np.int32(s.E), np.uint64(dev), np.int32(n_o), np.int32(nc), np.uint64(dev + a),
-             np.uint64(dev + a + 8 * nc), np.int32(s.W), np.int32(J), np.int32(s.G), np.int32(few_rows),
+             np.int32(s.E), np.uint64(dev), np.int32(n_o), np.int32(nc1), np.int32(nc), np.uint64(dev + a),
+             np.uint64(dev + a + 8 * nc), np.int32(s.W), np.int32(J1), np.int32(J), np.int32(s.G), np.int32(few_rows),
              np.int32(rows_tile), np.int32(bm), np.int32(big_bm), np.int32(s.sf), np.int32(s.s64), np.int32(s.s128),
              *(np.int32(f) for f in fill)), stream=stream.s, shared_mem=shared)
 

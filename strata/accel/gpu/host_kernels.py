@@ -83,23 +83,25 @@ class HostKernels(Kernels):
     def pre_route_off(self, pt):
         return pt.off
 
-    def plan_groups(self, pt, hist, nt, order, nc, blobs, offs, J, tiling, fill, stream):
+    def plan_groups(self, pt, hist, nt, order, nc1, blobs, offs, J1, J, tiling, fill, stream):
         s = pt.shape
         order = np.array(order, np.int64)
-        buf, idx = blobs[0], np.array(blobs[1], np.int64)
+        where = [(buf, int(i)) for buf, idx in blobs for i in idx]          # each candidate's blob
+        nc = len(where)
 
         def run():
             cnt = hist[:nt].sum(0)
-            off, members, bms, tiles, spans = plan_host(cnt, order, nc, J, s.G, *tiling)
+            off, members, bms, tiles, spans = plan_host(cnt, order, nc1, nc, J1, J, s.G, *tiling)
             pt.off[:] = off
             pt.ptrs[...] = None
             pt.tiles[...] = 0
             for j in range(J):
                 for p, i in enumerate(members[j]):
+                    buf, row = where[i]
                     for w, o in enumerate(offs):
-                        pt.ptrs[j, 0, w, p] = (buf, int(idx[i]), o)
+                        pt.ptrs[j, 0, w, p] = (buf, row, o)
                         if cnt[order[i]] > tiling[0]:
-                            pt.ptrs[j, 1, w, p] = (buf, int(idx[i]), o)
+                            pt.ptrs[j, 1, w, p] = (buf, row, o)
                 few, gemm = tiles[j]
                 assert len(few) <= fill[0] and len(gemm) <= (fill[1] if bms[j] == tiling[2] else fill[2])
                 pt.tiles[j, :len(few)] = np.asarray(few, np.int32).reshape(-1, 3)

@@ -64,20 +64,21 @@ extern "C" __global__ void __launch_bounds__(RT_TILE) route_rows(int* slot, int*
 
 // Before a prompt layer's routing sync (presync.py states the rule, plan_host is it on the host): from the counts
 // (hist's first nt tiles), off [E] <- each routed expert's first row, order[0 .. n_order) first, the others by id
-// (0 for the unrouted); and J launch groups over the routed experts among order's first nc, G a group in row order:
-// ptrs [J][2][W][G] (set 0 every member's blob + offs[w], set 1 the same where the member takes the GEMM, else 0),
-// tiles [J][sf + s64 + s128][3] (g, r0, r1): expert_rows' of rows_tile rows, then the bm-row GEMM's, then the
-// big_bm-row GEMM's, each padded with (0, 0, 0) to nf / n64 / n128 (the launches' grids), spans [J][2] the group's
-// rows. One block: thread 0 walks the order (at most E experts, J·G members), then the threads write the tables.
+// (0 for the unrouted); and J launch groups, G a group in row order: groups [0, J1) over the routed experts among
+// order[0 .. nc1), groups [J1, J) over those among order[nc1 .. nc). ptrs [J][2][W][G] (set 0 every member's blob
+// + offs[w], set 1 the same where the member takes the GEMM, else 0), tiles [J][sf + s64 + s128][3] (g, r0, r1):
+// expert_rows' of rows_tile rows, then the bm-row GEMM's, then the big_bm-row GEMM's, each padded with (0, 0, 0)
+// to nf / n64 / n128 (the launches' grids), spans [J][2] the group's rows. One block: thread 0 walks the order (at
+// most E experts, J·G members), then the threads write the tables.
 extern "C" __global__ void __launch_bounds__(256) plan_groups(
         int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, int nt, int E,
-        const int* order, int n_order, int nc, const unsigned long long* cptr, const unsigned long long* offs, int W,
-        int J, int G, int few_rows, int rows_tile, int bm, int big_bm, int sf, int s64, int s128, int nf, int n64,
-        int n128) {
+        const int* order, int n_order, int nc1, int nc, const unsigned long long* cptr, const unsigned long long* offs,
+        int W, int J1, int J, int G, int few_rows, int rows_tile, int bm, int big_bm, int sf, int s64, int s128,
+        int nf, int n64, int n128) {
     extern __shared__ int sh[];
     int* cnt = sh;                      // [E]
     int* pos = cnt + E;                 // [E] position in order, -1 past it
-    int* memb = pos + E;                // [J·G] each member's index into order
+    int* memb = pos + E;                // [J·G] each member's index into order, -1 for none
     int* mst = memb + J * G;            // [J·G] its first row
     int* mtb = mst + J * G;             // [J·G] its first tile in its group's table
     int* gsz = mtb + J * G;             // [J][3] tiles a group's tables hold; [J] its GEMM row tile after them
@@ -92,13 +93,17 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
     for (int i = tid; i < n_order; i += blockDim.x) pos[order[i]] = i;
     __syncthreads();
     if (tid == 0) {
-        int s = 0, nm = 0;
+        for (int q = 0; q < JG; q++) memb[q] = -1;
+        int s = 0, n1 = 0, n2 = J1 * G;                   // the next member slot of each class
         for (int i = 0; i < n_order; i++) {
             const int e = order[i], c = cnt[e];
             off[e] = c > 0 ? s : 0;
-            if (c > 0 && i < nc && nm < JG) {
-                memb[nm] = i;
-                mst[nm++] = s;
+            if (c > 0 && i < nc1 && n1 < J1 * G) {
+                memb[n1] = i;
+                mst[n1++] = s;
+            } else if (c > 0 && i >= nc1 && i < nc && n2 < JG) {
+                memb[n2] = i;
+                mst[n2++] = s;
             }
             s += c;
         }
@@ -107,15 +112,16 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
                 off[e] = cnt[e] > 0 ? s : 0;
                 s += cnt[e];
             }
-        for (int q = nm; q < JG; q++) memb[q] = -1;
         for (int j = 0; j < J; j++) {
             int b = big_bm > bm ? big_bm : bm;             // rows_host.many_tile
-            for (int q = j * G; q < (j + 1) * G && q < nm; q++) {
+            int q1 = j * G - 1;                            // the group's last member
+            for (int q = j * G; q < (j + 1) * G && memb[q] >= 0; q++) {
                 const int c = cnt[order[memb[q]]];
                 if (c > few_rows && c <= bm) b = bm;
+                q1 = q;
             }
             int nfj = 0, ngj = 0;
-            for (int q = j * G; q < (j + 1) * G && q < nm; q++) {
+            for (int q = j * G; q <= q1; q++) {
                 const int c = cnt[order[memb[q]]];
                 if (c <= few_rows) {
                     mtb[q] = nfj;
@@ -129,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
             gsz[3 * j + 1] = b == bm ? ngj : 0;
             gsz[3 * j + 2] = b == bm ? 0 : ngj;
             gsz[3 * J + j] = b;
-            const int q0 = j * G, q1 = min((j + 1) * G, nm) - 1;
+            const int q0 = j * G;
             spans[2 * j] = q0 <= q1 ? mst[q0] : 0;
             spans[2 * j + 1] = q0 <= q1 ? mst[q1] + cnt[order[memb[q1]]] : 0;
         }
