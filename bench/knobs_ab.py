@@ -5,10 +5,10 @@ bit for bit: the knobs move host work, not arithmetic).
 Knobs, set on one engine: rows_on_device (a MoeBlock attribute: a prompt layer's pairs laid out on the device, the
 sync downloading counts only; off: on the host from the downloaded ids); guess_p (the engine's RouteMemory.p_min:
 guess an expert a chunk routes with at least this probability); pre_groups (a MoeBlock attribute: launch groups of a
-prompt layer's cache hits issued before its routing sync, strata/accel/presync.py; 0: none). Not kept, run in earlier
-forms of this script: guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued
-after the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers
-guessed ahead, knobs_depth_q48_*_stop46.log).
+prompt layer's cache hits issued before its routing sync, strata/accel/presync.py; 0: none; pre_guessed: of a guessed
+walk's experts). Not kept, run in earlier forms of this script: guess_ahead (stop 45: the next layer's guess picked
+before the routing sync, its copies issued after the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth
+(stop 46, branch stop46-guess-depth: layers guessed ahead, knobs_depth_q48_*_stop46.log).
 
 python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS OLD NEW [FRAC]
     OLD, NEW: each arm's knobs, name=value[,name=value] (rows_on_device=0 rows_on_device=1; guess_p=0.3); FRAC: the
@@ -22,7 +22,8 @@ from prefill import quarter_engines      # bench/prefill.py
 
 KNOBS = {"rows_on_device": lambda e, v: setattr(e, "rows_on_device", bool(int(v))),
          "guess_p": lambda e, v: setattr(e.routes, "p_min", float(v)),
-         "pre_groups": lambda e, v: setattr(e, "pre_groups", int(v))}
+         "pre_groups": lambda e, v: setattr(e, "pre_groups", int(v)),
+         "pre_guessed": lambda e, v: setattr(e, "pre_guessed", int(v))}
 
 
 def knobs(spec: str) -> list[tuple[str, str]]:

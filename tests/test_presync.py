@@ -200,7 +200,7 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
                     try:
                         e = GpuEngine(m, dev, n_ctx=max(map(len, prompts)) + 4, expert_cache=cached,
                                       prompt_groups=(group,), few_rows=few)
-                        e.pre_groups = pre
+                        e.pre_groups, e.pre_guessed = pre, pre // 2
                         n, plan = [0, 0], dev.k.plan_groups
 
                         def spy(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):

@@ -137,10 +137,11 @@ class ExpertRunner:
         """presync's tiling: (few_rows, rows_tile, bm, big_bm), the rules `tables` cuts its tiles by."""
         return self.few_rows, ROWS_TILE, GEMM_BM, self.k.gemm_big_rows
 
-    def group_pre(self, layer: int, g) -> None:
+    def group_pre(self, layer: int, g, read=None) -> None:
         """Enqueue a pre-sync group (presync.PreGroup g, tables the device made from the routing): the same launches
         as `group`, over grids of its capacity whose blocks past the device's tiles exit, the scratch indexed by
-        member (a member that takes expert_rows has no many-row pointer, so dequant leaves its scratch alone)."""
+        member (a member that takes expert_rows has no many-row pointer, so dequant leaves its scratch alone).
+        `read`: an event to record once the members' blobs are read (the last launch that reads them)."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F = self.cfg.n_embd, self.cfg.n_ff_exp
         tg, tu, td = self.types[layer]
@@ -163,6 +164,8 @@ class ExpertRunner:
         k.swiglu_span(b.hh, b.gu, g.span, F, b.rows, s)                          # H = silu(G) · U
         if g.nf:
             k.expert_rows(b.dm, b.hh, g.few[2], g.tf, g.nf, td, D, F, s)
+        if read is not None:                      # the members' blobs are read: their ring slots may take copies
+            read.record(s)
         for t, n, rows in ((g.t64, g.n64, GEMM_BM), (g.t128, g.n128, self.k.gemm_big_rows)):
             if n:
                 k.gemm_grouped(b.dm, b.hh, b.w_d, t, n, s, rows)                 # Dm[rows] = H[rows] · Wdᵀ

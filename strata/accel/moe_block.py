@@ -28,6 +28,7 @@ class MoeBlock:
     # launch groups of a prompt layer's cache hits issued before its routing sync, their tables made on the device
     # (presync.py); 0: none, every group after the sync from the host's tables (bench/knobs_ab.py)
     pre_groups = PRE_GROUPS
+    pre_guessed = PRE_GROUPS        # of those, after the residents', groups of a guessed walk's experts
 
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
@@ -133,9 +134,9 @@ class MoeBlock:
             if not on_dev or self.on_routing:
                 dev.d2h(self.ids_host[:P], ids_dev, s)
             self.sync_ev.record(s)
-        n_pre = n_gpre = 0                   # groups issued before the sync: of residents, of guessed experts
+        n_pre, n_gpre, pre_read = 0, 0, []   # groups issued before the sync: of residents, of guessed experts
         if on_dev and self.pre_groups and self._walk is None and self._admissions is None:
-            n_pre, n_gpre = self._issue_pre(layer, h, ids_dev, P, nt)
+            n_pre, n_gpre, pre_read = self._issue_pre(layer, h, ids_dev, P, nt)
         t_sync = time.perf_counter()
         self.sync_ev.synchronize()                                              # the routing sync
         t_synced = time.perf_counter()
@@ -169,10 +170,11 @@ class MoeBlock:
         if pre is not None:                          # a guessed walk: the routed experts it missed go after it
             walk = pre[1]
             guessed = {e for _, e in walk.entries}
-            if n_gpre:                   # the pre-sync groups' entries: their readers are enqueued, free their slots
-                covered = [kq for kq, (_, e) in enumerate(walk.entries) if cnt[e] > 0]
-                covered = covered[:n_gpre * self._runner.bufs.group]
-                walk.consume(covered)
+            if n_gpre:                   # the pre-sync groups' entries: free their slots once each group read them
+                G = self._runner.bufs.group
+                covered = [kq for kq, (_, e) in enumerate(walk.entries) if cnt[e] > 0][:n_gpre * G]
+                for j in range(0, len(covered), G):
+                    walk.consume(covered[j:j + G], pre_read[j // G])
             missed = [(layer, e) for e in parts[1].tolist() if e not in guessed]
             self.stats.guessed_missed += len(missed)
             walk.extend(missed)
@@ -279,25 +281,26 @@ class MoeBlock:
         k.combine(out, bufs.dm, slot_dev, w_dev, s)                             # Σ_k w·Dm[row(t,k)]
         return out
 
-    def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> tuple[int, int]:
+    def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> tuple[int, int, list]:
         """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, up to
         pre_groups launch groups of its routed residents, then (the compute stream waiting for the guessed walk's
         copies) up to pre_groups of its routed guessed experts (presync.py), behind the counts' download. The row
         order is the host's: the residents, then a guessed walk's experts in its order, then the others by id.
-        Returns the groups issued of each (residents, guessed)."""
+        Returns the groups issued of each (residents, guessed) and, per guessed group, the event after which its
+        members' ring slots are free."""
         k, s, runner = self.k, self.dev.compute, self._runner
         bufs, G, K = runner.bufs, runner.bufs.group, self.cfg.n_expert_used
         resident = np.flatnonzero(self.cache.resident(layer))
         walk = self._pre[1] if self._pre is not None else None
         n_g = len(walk.entries) if walk is not None else 0
         J1 = min(self.pre_groups, -(-resident.size // G))
-        J = J1 + min(self.pre_groups, -(-n_g // G))
+        J = J1 + min(self.pre_guessed, -(-n_g // G))
         T = h.shape[0]
         tiling = runner.pre_tiling()
         fill = fills(T, K, G, *tiling)
         pt = runner.pre
         if not J or J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.s64 or fill[2] > pt.shape.s128:
-            return 0, 0                             # none, or the carved tables cannot hold them (few_rows too large)
+            return 0, 0, []                         # none, or the carved tables cannot hold them (few_rows too large)
         order = resident
         blobs = [(self.cache.buf, self.cache.slot_of[layer, resident])]
         if walk is not None:                        # a guessed walk (_guess): its entries follow the residents
@@ -306,12 +309,17 @@ class MoeBlock:
         k.plan_groups(pt, bufs.hist, nt, order, resident.size, blobs, runner.offsets[layer], J1, J, tiling, fill, s)
         k.route_rows(bufs.slot, bufs.src, ids_dev, k.pre_route_off(pt), bufs.hist, P, K, s)
         k.gather_f16(bufs.xg[:P], h, bufs.src, s)                              # Xg [R, D] fp16, row order
+        reads = []
         for j in range(J):
-            if j == J1:                             # the guessed copies have landed (all were issued at the guess)
-                walk.ensure_issued(n_g - 1)
-                walk.acquire(list(range(n_g)))
-            runner.group_pre(layer, k.pre_group(pt, j, fill))
-        return J1, J - J1
+            read = None
+            if j >= J1:
+                if j == J1:                         # the guessed copies have landed (all were issued at the guess)
+                    walk.ensure_issued(n_g - 1)
+                    walk.acquire(list(range(n_g)))
+                read = self.dev.event(timing=False)     # its members' ring slots are free from then (after the sync)
+                reads.append(read)
+            runner.group_pre(layer, k.pre_group(pt, j, fill), read)
+        return J1, J - J1, reads
 
     def _guess(self, layer: int, T: int) -> None:
         """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes

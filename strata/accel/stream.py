@@ -58,10 +58,12 @@ class Ring:
         self.copies += m
         return ev
 
-    def release(self, slots: list[int]) -> None:
-        """The kernels that read `slots` are enqueued: one event frees them all."""
-        ev = self.dev.event(timing=False)
-        ev.record(self.dev.compute)
+    def release(self, slots: list[int], ev=None) -> None:
+        """The kernels that read `slots` are enqueued: one event frees them all (`ev`: one recorded after them
+        already, on the compute stream; a pre-sync group's, presync.py)."""
+        if ev is None:
+            ev = self.dev.event(timing=False)
+            ev.record(self.dev.compute)
         for i in slots:
             self.used[i] = ev
             self.held[i] = False
@@ -131,7 +133,8 @@ class Walk:
         assert ev is not None, f"entries {ks} end no group of {self.group}"
         self.ring.dev.compute.wait(ev)
 
-    def consume(self, ks: list[int]) -> None:
-        """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R."""
+    def consume(self, ks: list[int], ev=None) -> None:
+        """Entries `ks` have their readers enqueued (or were not routed): free their slots for entries k + R (once
+        `ev` completes, where given: an event recorded after those readers)."""
         self.order.consume(ks)
-        self.ring.release([self.slot(k) for k in ks])
+        self.ring.release([self.slot(k) for k in ks], ev)
