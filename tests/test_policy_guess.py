@@ -53,3 +53,19 @@ def test_notes_decay_by_keep():
     assert mem.q[0, 0] == pytest.approx(GUESS_KEEP) and mem.q[0, 1] == pytest.approx(1 - GUESS_KEEP)
     p = mem.routed_p(0, 3)
     assert p[0] == pytest.approx(1 - (1 - GUESS_KEEP) ** 3) and p[2] == 0.0
+
+
+def test_the_expected_routed_count_and_rows_of_a_chunk():
+    """expected: the sum of 1 - (1 - q)^T over the experts asked about; mean_rows: the chunk's T·K pairs over the
+    experts it is expected to route. Both None before the layer's first note (the pre-sync groups' sizing)."""
+    mem = RouteMemory(1, E)
+    assert mem.expected(0, 100, np.ones(E, bool)) is None and mem.mean_rows(0, 100) is None
+    cnt = np.zeros(E, int)
+    cnt[[5, 9]] = 100                                    # K = 2: every token picks 5 and 9
+    cnt[12], cnt[9] = 1, 99                              # one token in 100 picks 12 instead of 9
+    mem.note(0, cnt, 100)
+    among = np.zeros(E, bool)
+    among[[5, 12]] = True
+    assert mem.expected(0, 50, among) == pytest.approx(1.0 + (1 - 0.99 ** 50))
+    p = 1 + (1 - 0.01 ** 50) + (1 - 0.99 ** 50)         # experts 5, 9 and 12
+    assert mem.mean_rows(0, 50) == pytest.approx(50 * 2 / p)

@@ -1,5 +1,6 @@
 """A prompt layer's cache hits launched before its routing sync (strata/accel/presync.py). The rule (plan_host)
-against the host's layout and tables (moe.row_order, rows_host.group_tiles); CUDA's plan_groups against the rule;
+against the host's layout and tables (moe.row_order, rows_host.group_tiles at the rule's GEMM row tile); CUDA's
+plan_groups against the rule;
 and the engine with the pre-sync groups against the engine without them: the same bits, at every residency, group
 size and few-row threshold, with and without guessed walks, on the host twin and on CUDA."""
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from strata import models
 from strata.accel.moe import placement, row_order
 from strata.accel.presync import PreShape, fills, plan_host
-from strata.accel.rows_host import group_tiles, many_tile
+from strata.accel.rows_host import group_tiles
 from strata.reference import golden
 from strata.tokenizer import Tokenizer
 
@@ -29,7 +30,7 @@ def layers(draw):
     guessed = rng.permutation(free)[:draw(st.integers(0, free.size))]          # a guessed walk's order
     J, G = draw(st.integers(1, 4)), draw(st.integers(1, 8))
     few = draw(st.sampled_from([0, 2, 8]))
-    return ids, resident, guessed, J, G, few
+    return ids, resident, guessed, J, G, few, draw(st.sampled_from([4, 8]))
 
 
 def _host_side(ids, resident, guessed):
@@ -47,13 +48,13 @@ def _host_side(ids, resident, guessed):
 @settings(max_examples=300, deadline=None)
 @given(layers())
 def test_the_rule_gives_the_hosts_rows_and_tiles(layer):
-    ids, resident, guessed, J, G, few = layer
-    rt, bm, big = 2, 4, 8
+    ids, resident, guessed, J, G, few, bm = layer
+    rt = 2
     cnt, lay = _host_side(ids, resident, guessed)
     res_ids = np.flatnonzero(resident)
     order = np.concatenate([res_ids, guessed]).astype(np.int64)
     J2 = J // 2                                  # groups of the guessed experts after J - J2 of the residents'
-    off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J - J2, J, G, few, rt, bm, big)
+    off, members, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J - J2, J, G, few, rt, bm)
     routed = np.flatnonzero(cnt)
     assert np.array_equal(off[routed], lay.off[routed])
     assert not off[cnt == 0].any()
@@ -61,7 +62,7 @@ def test_the_rule_gives_the_hosts_rows_and_tiles(layer):
     g_routed = [e for e in guessed.tolist() if cnt[e] > 0]
     assert lay.streamed[:len(g_routed)] == g_routed
     T, K = ids.shape
-    f = fills(T, K, G, few, rt, bm, big)
+    f = fills(T, K, G, few, rt, bm)
     for j, m in enumerate(members):
         mem = [int(order[i]) for i in m]
         want = covered[j * G:(j + 1) * G] if j < J - J2 else g_routed[(j - J + J2) * G:(j - J + J2 + 1) * G]
@@ -71,14 +72,12 @@ def test_the_rule_gives_the_hosts_rows_and_tiles(layer):
             continue
         c = lay.cnt[mem].astype(np.int64)
         s = lay.off[mem].astype(np.int64)
-        assert bms[j] == many_tile(c, few, bm, big)
-        tl, cut, many, _ = group_tiles(c, s, np.zeros(1, np.int64), np.array([len(mem)]), few, rt,
-                                       np.array([bms[j]]))
+        tl, cut, many, _ = group_tiles(c, s, np.zeros(1, np.int64), np.array([len(mem)]), few, rt, np.array([bm]))
         # the host's many-row tiles index the many-row members; the rule's every table indexes the members
         want_few = [tuple(t) for t in tl[cut[0]:cut[1]].tolist()]
         want_gemm = [(int(many[g]), r0, r1) for g, r0, r1 in tl[cut[1]:cut[2]].tolist()]
         assert tiles[j] == (want_few, want_gemm)
-        assert len(want_few) <= f[0] and len(want_gemm) <= (f[1] if bms[j] == bm else f[2])
+        assert len(want_few) <= f[0] and len(want_gemm) <= f[1]
         assert spans[j] == (int(s[0]), int(s[-1] + c[-1]))
 
 
@@ -90,9 +89,9 @@ def test_shapes_hold_every_fill():
         s = carve_shape(128, cap, K, G)
         for T in (1, cap // 2 + 1, cap):
             for few in (0, 8, CARVE_FEW_ROWS):
-                for big in (0, 128):
-                    nf, n64, n128 = fills(T, K, G, few, 8, 64, big)
-                    assert nf <= s.sf and n64 <= s.s64 and n128 <= s.s128
+                for bm in (64, 128):
+                    nf, ng = fills(T, K, G, few, 8, bm)
+                    assert nf <= s.sf and ng <= s.sg
 
 
 @pytest.mark.gpu
@@ -118,21 +117,22 @@ def test_cuda_tables_are_the_rules():
             res_ids = np.flatnonzero(resident)
             guessed = rng.permutation(np.flatnonzero(~resident))[:5]
             order = np.concatenate([res_ids, guessed]).astype(np.int64)
-            shape = PreShape.of(J, G, 3, E, T, K, few, 8, 64, k.gemm_big_rows)
+            bm = 128 if E == 128 else 64
+            shape = PreShape.of(J, G, 3, E, T, K, few, 8, 64)
             buf = dev.zeros((pre_bytes(shape),), np.uint8)
             pt = k.pre_tables(buf, shape)
             cache, ring = dev.zeros((E + 3, 4096), np.uint8), dev.zeros((18, 4096), np.uint8)
             where = [(cache, i) for i in rng.permutation(E + 3)[:res_ids.size]] + [(ring, i) for i in range(guessed.size)]
             blobs = [(cache, np.asarray([i for _, i in where[:res_ids.size]])), (ring, np.arange(guessed.size))]
             offs = (0, 1000, 2500)
-            tiling = (few, 8, 64, k.gemm_big_rows)
+            tiling = (few, 8, bm)
             fill = fills(T, K, G, *tiling)
             J1 = max(1, J // 2)
             k.plan_groups(pt, hist, nt, order, res_ids.size, blobs, offs, J1, J, tiling, fill, s)
             dev.synchronize()
             raw = dev.tohost(buf)
             cnt = np.bincount(ids.ravel(), minlength=E)
-            off, members, bms, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J1, J, G, *tiling)
+            off, members, tiles, spans = plan_host(cnt, order, res_ids.size, order.size, J1, J, G, *tiling)
             got_off = raw[pt.off - buf.data.ptr:][:4 * E].view(np.int32)
             assert np.array_equal(got_off, off), (E, T)
             ptrs = raw[pt.ptrs - buf.data.ptr:][:8 * J * 2 * 3 * G].view(np.uint64).reshape(J, 2, 3, G)
@@ -149,13 +149,11 @@ def test_cuda_tables_are_the_rules():
                             want[1, w, p] = a + np.uint64(o)
                 assert np.array_equal(ptrs[j], want), (E, T, j)
                 fw, gm = tiles[j]
-                big = bms[j] != 64
                 want_t = np.zeros((shape.ts, 3), np.int32)
                 want_t[:len(fw)] = np.asarray(fw, np.int32).reshape(-1, 3)
-                at = shape.sf + (shape.s64 if big else 0)
-                want_t[at:at + len(gm)] = np.asarray(gm, np.int32).reshape(-1, 3)
+                want_t[shape.sf:shape.sf + len(gm)] = np.asarray(gm, np.int32).reshape(-1, 3)
                 # what the launches read: each table up to its fill
-                for lo, n in ((0, fill[0]), (shape.sf, fill[1]), (shape.sf + shape.s64, fill[2])):
+                for lo, n in ((0, fill[0]), (shape.sf, fill[1])):
                     assert np.array_equal(tl[j, lo:lo + n], want_t[lo:lo + n]), (E, T, j, lo)
                 assert tuple(sp[j]) == spans[j], (E, T, j)
     finally:

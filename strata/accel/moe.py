@@ -133,9 +133,10 @@ class ExpertRunner:
         rows = rows.tolist()
         return [GroupTables(tabs[2 * i], tabs[2 * i + 1], n_many[i], rows[i]) for i in range(n_g)], dev_riders
 
-    def pre_tiling(self) -> tuple[int, int, int, int]:
-        """presync's tiling: (few_rows, rows_tile, bm, big_bm), the rules `tables` cuts its tiles by."""
-        return self.few_rows, ROWS_TILE, GEMM_BM, self.k.gemm_big_rows
+    def pre_tiling(self, big: bool) -> tuple[int, int, int]:
+        """presync's tiling: (few_rows, rows_tile, bm), bm the kernels' larger GEMM row tile where `big` and they
+        have one (rows_host.many_tile's choice, made before the counts are known)."""
+        return self.few_rows, ROWS_TILE, self.k.gemm_big_rows if big and self.k.gemm_big_rows > GEMM_BM else GEMM_BM
 
     def group_pre(self, layer: int, g, read=None) -> None:
         """Enqueue a pre-sync group (presync.PreGroup g, tables the device made from the routing): the same launches
@@ -145,7 +146,7 @@ class ExpertRunner:
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F = self.cfg.n_embd, self.cfg.n_ff_exp
         tg, tu, td = self.types[layer]
-        if g.n64 or g.n128:
+        if g.ng:
             if tg == tu:
                 k.dequant(b.w_gu, g.many[0], tg, 2 * F, D, s)
             else:
@@ -158,17 +159,15 @@ class ExpertRunner:
             else:
                 k.expert_rows(b.gu[:, :F], b.xg, g.few[0], g.tf, g.nf, tg, F, D, s)
                 k.expert_rows(b.gu[:, F:], b.xg, g.few[1], g.tf, g.nf, tu, F, D, s)
-        for t, n, rows in ((g.t64, g.n64, GEMM_BM), (g.t128, g.n128, self.k.gemm_big_rows)):
-            if n:
-                k.gemm_grouped(b.gu, b.xg, b.w_gu, t, n, s, rows)                # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+        if g.ng:
+            k.gemm_grouped(b.gu, b.xg, b.w_gu, g.tg, g.ng, s, g.bm)               # GU[rows] = Xg[rows] · Wgu[g]ᵀ
         k.swiglu_span(b.hh, b.gu, g.span, F, b.rows, s)                          # H = silu(G) · U
         if g.nf:
             k.expert_rows(b.dm, b.hh, g.few[2], g.tf, g.nf, td, D, F, s)
         if read is not None:                      # the members' blobs are read: their ring slots may take copies
             read.record(s)
-        for t, n, rows in ((g.t64, g.n64, GEMM_BM), (g.t128, g.n128, self.k.gemm_big_rows)):
-            if n:
-                k.gemm_grouped(b.dm, b.hh, b.w_d, t, n, s, rows)                 # Dm[rows] = H[rows] · Wdᵀ
+        if g.ng:
+            k.gemm_grouped(b.dm, b.hh, b.w_d, g.tg, g.ng, s, g.bm)                # Dm[rows] = H[rows] · Wdᵀ
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
         """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for

@@ -15,7 +15,7 @@ import numpy as np
 from strata.accel.deferred import DeferredBlock
 from strata.accel.gpu.kernels import ROUTE_TILE
 from strata.accel.moe import placement, row_layout, row_order
-from strata.accel.presync import PRE_GROUPS, fills
+from strata.accel.presync import PRE_BIG_ROWS, PRE_GROUPS, PRE_MARGIN, fills
 from strata.accel.rows_host import tile_sums
 from strata.accel.stream import Walk
 from strata.policy.stream import routed_group, routed_groups, unrouted_waste, walk_runs
@@ -282,24 +282,29 @@ class MoeBlock:
         return out
 
     def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> tuple[int, int, list]:
-        """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, up to
-        pre_groups launch groups of its routed residents, then (the compute stream waiting for the guessed walk's
-        copies) up to pre_groups of its routed guessed experts (presync.py), behind the counts' download. The row
-        order is the host's: the residents, then a guessed walk's experts in its order, then the others by id.
-        Returns the groups issued of each (residents, guessed) and, per guessed group, the event after which its
-        members' ring slots are free."""
+        """Before the routing sync: the layer's rows (route_rows from the device's offsets) and gather, launch groups
+        of its routed residents, then (the compute stream waiting for the guessed walk's copies) of its routed
+        guessed experts (presync.py), behind the counts' download. The row order is the host's: the residents, then
+        a guessed walk's experts in its order, then the others by id. As many residents' groups as the route memory
+        expects routed residents (with a margin; those past them take the host's groups after the sync), at most
+        pre_groups, and the larger GEMM row tile where it expects the routed experts to fill it. Returns the groups
+        issued of each (residents, guessed) and, per guessed group, the event after which its members' ring slots
+        are free."""
         k, s, runner = self.k, self.dev.compute, self._runner
-        bufs, G, K = runner.bufs, runner.bufs.group, self.cfg.n_expert_used
-        resident = np.flatnonzero(self.cache.resident(layer))
+        bufs, G, K, T = runner.bufs, runner.bufs.group, self.cfg.n_expert_used, h.shape[0]
+        res_mask = self.cache.resident(layer)
+        resident = np.flatnonzero(res_mask)
         walk = self._pre[1] if self._pre is not None else None
         n_g = len(walk.entries) if walk is not None else 0
-        J1 = min(self.pre_groups, -(-resident.size // G))
+        want = self.routes.expected(layer, T, res_mask)
+        want = resident.size if want is None else min(resident.size, int(PRE_MARGIN * want + 1.0))
+        J1 = min(self.pre_groups, -(-want // G))
         J = J1 + min(self.pre_guessed, -(-n_g // G))
-        T = h.shape[0]
-        tiling = runner.pre_tiling()
+        rows = self.routes.mean_rows(layer, T)
+        tiling = runner.pre_tiling(rows is not None and rows >= PRE_BIG_ROWS)
         fill = fills(T, K, G, *tiling)
         pt = runner.pre
-        if not J or J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.s64 or fill[2] > pt.shape.s128:
+        if not J or J > pt.shape.J or fill[0] > pt.shape.sf or fill[1] > pt.shape.sg:
             return 0, 0, []                         # none, or the carved tables cannot hold them (few_rows too large)
         order = resident
         blobs = [(self.cache.buf, self.cache.slot_of[layer, resident])]
@@ -318,7 +323,7 @@ class MoeBlock:
                     walk.acquire(list(range(n_g)))
                 read = self.dev.event(timing=False)     # its members' ring slots are free from then (after the sync)
                 reads.append(read)
-            runner.group_pre(layer, k.pre_group(pt, j, fill), read)
+            runner.group_pre(layer, k.pre_group(pt, j, fill, tiling[2]), read)
         return J1, J - J1, reads
 
     def _guess(self, layer: int, T: int) -> None:

@@ -8,15 +8,17 @@ launches) with the GPU idle: 255-350 us a layer at 900 tokens on the H200 (bench
 which the layer's order puts on the prompt's chain. Here the device makes what the cache's experts need from the
 routing's counts (kernels.route_hist) as soon as the router has run: the row offsets of every expert (`off`, the
 rule of rows_host.order_layout: the `order` prefix first, then the other routed experts by id), and the tables of J
-launch groups over the routed experts among the first `nc` of `order` (the layer's resident experts, id order),
-G a group in row order. The host issues those groups before it waits in the sync; after it, the host's layout
-(moe.row_order) gives the same rows, and only the experts past those groups (streamed, or residents past J·G) take
-the host's tables. Which path an expert's rows take (expert_rows at most few_rows, else dequantise + GEMM) and the
-GEMM's row tile (rows_host.many_tile) follow the host's rules, so the bits are the host path's.
+launch groups over the routed experts among the first `nc` of `order` (the layer's resident experts by id, then a
+guessed walk's experts, whose copies were issued before the sync), G a group in row order. The host issues those
+groups before it waits in the sync; after it, the host's layout (moe.row_order) gives the same rows, and only the
+experts past those groups take the host's tables. Which path an expert's rows take (expert_rows at most few_rows,
+else dequantise + GEMM) is the host's rule and every GEMM row tile makes the same sums (mma.cuh), so the bits are
+the host path's. The host sizes what it launches from the route memory (MoeBlock._issue_pre): how many groups, which
+row tile.
 
 Tables a group (its member p is the p-th routed candidate of the group, g = p in every table): `few` pointer
 tables [W][G] (every member), `many` pointer tables [W][G] (0 where the member takes expert_rows: dequant skips
-it), tiles i32 (g, r0, r1) for expert_rows (rows_tile rows), for the bm-row GEMM and for the big_bm-row GEMM, each
+it), tiles i32 (g, r0, r1) for expert_rows (rows_tile rows) and for the GEMM (bm rows, the host's pick), each
 filled with empty tiles (0, 0, 0) up to its launch's grid (a kernel's block exits on one), and the group's rows
 [r0, r1) for swiglu_span. `plan_host` is the rule; the CUDA kernel (cuda/route_kernels.cu plan_groups) and the host
 twin give its tables.
@@ -31,52 +33,50 @@ import numpy as np
 PRE_GROUPS = 2      # launch groups a layer issues before its routing sync, at most (MoeBlock.pre_groups)
 PRE_GROUPS_MAX = 4  # the most a chunk's buffers hold tables for (buffers.carve)
 CARVE_FEW_ROWS = 64  # the largest few_rows (moe.FEW_ROWS, bench/prefill.py --few-rows) the carved tables fit
+PRE_MARGIN = 1.25   # residents' groups for this many times the routed residents the route memory expects (+1)
+PRE_BIG_ROWS = 96   # the larger GEMM row tile where a routed expert is expected to get this many rows or more
+                    # (gemm_grouped_mma128 is faster from ~80, bench/results/h200/gemm_kernel_stop44.log)
 
 
 @dataclass(frozen=True)
 class PreShape:
     """A chunk's pre-sync tables: J groups of G members, W offsets, E experts; the tile tables' strides (at the
-    chunk's capacity) and, per launch, the tiles a grid covers (at T tokens: fewer empty blocks)."""
+    chunk's capacity and the smallest GEMM row tile); a launch's grid covers its fill (presync.fills at T tokens)."""
 
     J: int
     G: int
     W: int
     E: int
     sf: int            # stride of a group's expert_rows tiles
-    s64: int           # of its bm-row GEMM tiles
-    s128: int          # of its big_bm-row GEMM tiles (0: the kernels have no larger tile)
+    sg: int            # of its GEMM tiles
 
     @staticmethod
-    def of(J: int, G: int, W: int, E: int, cap: int, K: int, few_rows: int, rows_tile: int, bm: int,
-           big_bm: int) -> PreShape:
-        """Strides that hold the fills of any T <= cap with few_rows up to `few_rows` (or none: the GEMM's most)."""
-        sf = fills(cap, K, G, few_rows, rows_tile, bm, big_bm)[0]
-        _, s64, s128 = fills(cap, K, G, 0, rows_tile, bm, big_bm)
-        return PreShape(J, G, W, E, sf, s64, s128)
+    def of(J: int, G: int, W: int, E: int, cap: int, K: int, few_rows: int, rows_tile: int, bm: int) -> PreShape:
+        """Strides that hold the fills of any T <= cap with few_rows up to `few_rows` (or none: the GEMM's most)
+        and GEMM row tiles of at least bm."""
+        return PreShape(J, G, W, E, fills(cap, K, G, few_rows, rows_tile, bm)[0], fills(cap, K, G, 0, rows_tile, bm)[1])
 
     @property
     def ts(self) -> int:
-        return self.sf + self.s64 + self.s128
+        return self.sf + self.sg
 
 
 def carve_shape(E: int, cap: int, K: int, group: int) -> PreShape:
     """The tables a chunk of `cap` tokens carves (buffers.carve): PRE_GROUPS_MAX groups of the weight scratch's
-    `group` experts, few_rows up to CARVE_FEW_ROWS, a larger GEMM tile up to twice moe.GEMM_BM."""
+    `group` experts, few_rows up to CARVE_FEW_ROWS, GEMM row tiles of moe.GEMM_BM or more."""
     from strata.accel.moe import GEMM_BM, ROWS_TILE
 
-    return PreShape.of(PRE_GROUPS_MAX, group, 3, E, cap, K, CARVE_FEW_ROWS, ROWS_TILE, GEMM_BM, 2 * GEMM_BM)
+    return PreShape.of(PRE_GROUPS_MAX, group, 3, E, cap, K, CARVE_FEW_ROWS, ROWS_TILE, GEMM_BM)
 
 
-def fills(T: int, K: int, G: int, few_rows: int, rows_tile: int, bm: int, big_bm: int) -> tuple[int, int, int]:
-    """Tiles a group's launches may need at T tokens (expert_rows, the bm GEMM, the big_bm GEMM): each member at
-    most T rows (a token routes an expert once), the group at most T·K; every member's last tile may be partial.
-    No GEMM where no member can have more than few_rows rows."""
-    rows = min(G * T, T * K)
+def fills(T: int, K: int, G: int, few_rows: int, rows_tile: int, bm: int) -> tuple[int, int]:
+    """Tiles a group's launches may need at T tokens (expert_rows', the GEMM's of bm rows): each member at most T
+    rows (a token routes an expert once), the group at most T·K; every member's last tile may be partial. No GEMM
+    where no member can have more than few_rows rows."""
     few = G * -(-min(few_rows, T) // rows_tile)
     if few_rows >= T:
-        return few, 0, 0
-    big = -(-rows // big_bm) + G if big_bm > bm else 0
-    return few, -(-rows // bm) + G, big
+        return few, 0
+    return few, -(-min(G * T, T * K) // bm) + G
 
 
 def pre_bytes(shape: PreShape) -> int:
@@ -89,12 +89,14 @@ def pre_bytes(shape: PreShape) -> int:
 
 
 def plan_host(cnt: np.ndarray, order: np.ndarray, nc1: int, nc: int, J1: int, J: int, G: int, few_rows: int,
-              rows_tile: int, bm: int, big_bm: int):
+              rows_tile: int, bm: int):
     """The rule. cnt [E] the routing's counts; order: experts whose rows come first, in this order (the rest
     follow by id); groups [0, J1) take the routed experts among order[:nc1], G a group in order, groups [J1, J)
     those among order[nc1:nc] (the cache's experts; a guessed walk's, whose copies the compute stream waits for
-    between the two). -> (off [E] i64 (0 for the unrouted), members [J] lists of indices into `order`, bms [J]
-    each group's GEMM row tile, tiles [J] (few, gemm) lists of (g, r0, r1), spans [J] (r0, r1))."""
+    between the two); a member of more than few_rows rows takes the GEMM in tiles of bm rows (the host picks bm:
+    every tiling gives the same sums, mma.cuh), the others expert_rows in tiles of rows_tile. -> (off [E] i64 (0
+    for the unrouted), members [J] lists of indices into `order`, tiles [J] (few, gemm) lists of (g, r0, r1), spans
+    [J] (r0, r1))."""
     E = cnt.shape[0]
     off = np.zeros(E, np.int64)
     in_order = np.zeros(E, np.bool_)
@@ -111,39 +113,35 @@ def plan_host(cnt: np.ndarray, order: np.ndarray, nc1: int, nc: int, J1: int, J:
         if not in_order[e] and cnt[e] > 0:
             off[e] = s
             s += int(cnt[e])
-    members, bms, tiles, spans = [], [], [], []
+    members, tiles, spans = [], [], []
     for j in range(J):
         q = j * G if j < J1 else (j - J1) * G
         ms = memb[0 if j < J1 else 1][q:q + G]
         m = [i for i, _ in ms]
         st = [r for _, r in ms]
         c = [int(cnt[order[i]]) for i in m]
-        many = [x for x in c if x > few_rows]
-        b = big_bm if big_bm > bm and all(x > bm for x in many) else bm
         few_t, gemm_t = [], []
         for p, (x, r) in enumerate(zip(c, st)):
-            t, size = (few_t, rows_tile) if x <= few_rows else (gemm_t, b)
+            t, size = (few_t, rows_tile) if x <= few_rows else (gemm_t, bm)
             for r0 in range(r, r + x, size):
                 t.append((p, r0, min(r0 + size, r + x)))
         members.append(m)
-        bms.append(b)
         tiles.append((few_t, gemm_t))
         spans.append((st[0], st[-1] + c[-1]) if m else (0, 0))
-    return off, members, bms, tiles, spans
+    return off, members, tiles, spans
 
 
 @dataclass(frozen=True)
 class PreGroup:
     """One pre-sync group's tables as the kernels take them (CUDA: (address, length) tuples; the twin: arrays):
-    few / many: W pointer tables of G entries; tiles and the grids' tile counts (nf expert_rows, n64 the bm GEMM,
-    n128 the big_bm GEMM, 0: not launched); span: its rows for swiglu_span."""
+    few / many: W pointer tables of G entries; tiles and the grids' tile counts (nf expert_rows, ng the GEMM's of
+    bm rows; 0: not launched); span: its rows for swiglu_span."""
 
     few: tuple
     many: tuple
     tf: object
-    t64: object
-    t128: object
+    tg: object
     nf: int
-    n64: int
-    n128: int
+    ng: int
+    bm: int
     span: object

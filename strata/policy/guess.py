@@ -45,6 +45,20 @@ class RouteMemory:
         """[E] the chance that a chunk of `tokens` tokens routes each expert of `layer`."""
         return 1.0 - (1.0 - np.minimum(self.q[layer], 1.0)) ** tokens
 
+    def expected(self, layer: int, tokens: int, among: Sequence[bool]) -> float | None:
+        """How many of the experts `among` (bool [E]) a chunk of `tokens` tokens routes, expected; None before the
+        layer's first note."""
+        if not self.noted[layer]:
+            return None
+        return float(self.routed_p(layer, tokens)[np.asarray(among, bool)].sum())
+
+    def mean_rows(self, layer: int, tokens: int) -> float | None:
+        """The rows a routed expert of `layer` gets from a chunk of `tokens` tokens, expected (its T·K pairs over the
+        experts it routes); None before the layer's first note."""
+        if not self.noted[layer]:
+            return None
+        return float(tokens * self.q[layer].sum() / max(self.routed_p(layer, tokens).sum(), 1e-9))
+
     def guess(self, layer: int, tokens: int, resident: Sequence[bool], n: int) -> list[int]:
         """Up to `n` non-resident experts of `layer` that a chunk of `tokens` tokens likely routes (at least p_min),
         the likeliest first when there are more, returned in id order (neighbours copy in one run)."""

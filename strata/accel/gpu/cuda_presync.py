@@ -48,7 +48,7 @@ class CudaPresyncKernels:
     def plan_groups(self, pt, hist, nt, order, nc1, blobs, offs, J1, J, tiling, fill, stream):
         s = pt.shape
         nc = sum(len(idx) for _, idx in blobs)
-        few_rows, rows_tile, bm, big_bm = tiling
+        few_rows, rows_tile, bm = tiling
         assert hist.dtype == np.int32 and hist.shape[1] == s.E and J1 <= J <= s.J and len(offs) == s.W
         assert nc1 <= nc <= len(order) <= s.E
         n_o = len(order)
@@ -65,24 +65,23 @@ class CudaPresyncKernels:
         words[nc:] = np.asarray(offs, np.uint64)
         self._send(off, nbytes, stream)
         dev = self._st(stream).dbase + off
-        shared = 4 * (2 * s.E + 3 * J * s.G + 4 * J)
+        shared = 4 * (2 * s.E + 3 * J * s.G + 2 * J)
         self._route_fn("plan_groups")(
             (1,), (PLAN_THREADS,),
             (np.uint64(pt.off), np.uint64(pt.ptrs), np.uint64(pt.tiles), np.uint64(pt.spans), hist, np.int32(nt),
              np.int32(s.E), np.uint64(dev), np.int32(n_o), np.int32(nc1), np.int32(nc), np.uint64(dev + a),
              np.uint64(dev + a + 8 * nc), np.int32(s.W), np.int32(J1), np.int32(J), np.int32(s.G), np.int32(few_rows),
-             np.int32(rows_tile), np.int32(bm), np.int32(big_bm), np.int32(s.sf), np.int32(s.s64), np.int32(s.s128),
-             *(np.int32(f) for f in fill)), stream=stream.s, shared_mem=shared)
+             np.int32(rows_tile), np.int32(bm), np.int32(s.sf), np.int32(s.sg), *(np.int32(f) for f in fill)),
+            stream=stream.s, shared_mem=shared)
 
-    def pre_group(self, pt, j, fill):
+    def pre_group(self, pt, j, fill, bm):
         s = pt.shape
-        nf, n64, n128 = fill
+        nf, ng = fill
         p = pt.ptrs + 8 * 2 * j * s.W * s.G
         few = tuple((p + 8 * w * s.G, s.G) for w in range(s.W))
         many = tuple((p + 8 * (s.W + w) * s.G, s.G) for w in range(s.W))
         t = pt.tiles + 12 * j * s.ts
-        return PreGroup(few, many, (t, nf), (t + 12 * s.sf, n64), (t + 12 * (s.sf + s.s64), n128), nf, n64, n128,
-                        (pt.spans + 8 * j, 2))
+        return PreGroup(few, many, (t, nf), (t + 12 * s.sf, ng), nf, ng, bm, (pt.spans + 8 * j, 2))
 
     def swiglu_span(self, out, gu, span, f, rows, stream):
         assert out.dtype == np.float16 and gu.dtype == np.float32 and gu.strides[1] == 4 and out.flags.c_contiguous

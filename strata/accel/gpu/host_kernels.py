@@ -91,7 +91,7 @@ class HostKernels(Kernels):
 
         def run():
             cnt = hist[:nt].sum(0)
-            off, members, bms, tiles, spans = plan_host(cnt, order, nc1, nc, J1, J, s.G, *tiling)
+            off, members, tiles, spans = plan_host(cnt, order, nc1, nc, J1, J, s.G, *tiling)
             pt.off[:] = off
             pt.ptrs[...] = None
             pt.tiles[...] = 0
@@ -103,19 +103,17 @@ class HostKernels(Kernels):
                         if cnt[order[i]] > tiling[0]:
                             pt.ptrs[j, 1, w, p] = (buf, row, o)
                 few, gemm = tiles[j]
-                assert len(few) <= fill[0] and len(gemm) <= (fill[1] if bms[j] == tiling[2] else fill[2])
+                assert len(few) <= fill[0] and len(gemm) <= fill[1]
                 pt.tiles[j, :len(few)] = np.asarray(few, np.int32).reshape(-1, 3)
-                base = s.sf + (0 if bms[j] == tiling[2] else s.s64)
-                pt.tiles[j, base:base + len(gemm)] = np.asarray(gemm, np.int32).reshape(-1, 3)
+                pt.tiles[j, s.sf:s.sf + len(gemm)] = np.asarray(gemm, np.int32).reshape(-1, 3)
                 pt.spans[j] = spans[j]
 
         self._run(stream, run)
 
-    def pre_group(self, pt, j, fill):
+    def pre_group(self, pt, j, fill, bm):
         s = pt.shape
-        nf, n64, n128 = fill
-        return PreGroup(tuple(pt.ptrs[j, 0]), tuple(pt.ptrs[j, 1]), pt.tiles[j, :s.sf], pt.tiles[j, s.sf:s.sf + s.s64],
-                        pt.tiles[j, s.sf + s.s64:], nf, n64, n128, pt.spans[j])
+        return PreGroup(tuple(pt.ptrs[j, 0]), tuple(pt.ptrs[j, 1]), pt.tiles[j, :s.sf], pt.tiles[j, s.sf:], *fill, bm,
+                        pt.spans[j])
 
     def swiglu_span(self, out, gu, span, f, rows, stream):
         def run():

@@ -131,17 +131,17 @@ class Kernels(abc.ABC):
 
     @abc.abstractmethod
     def plan_groups(self, pt, hist, nt: int, order: np.ndarray, nc1: int, blobs: list, offs: tuple[int, ...],
-                    J1: int, J: int, tiling: tuple[int, int, int, int], fill: tuple[int, int, int], stream) -> None:
+                    J1: int, J: int, tiling: tuple[int, int, int], fill: tuple[int, int], stream) -> None:
         """presync.plan_host's tables into pt, from the counts of hist's first nt tiles (route_hist's) as the work
         reaches them: order (host i64 experts, the row order's prefix); the candidates are its first nc (nc1 of the
         first class), whose blobs are, in order, rows idx of buf for each (buf, idx) of blobs ([n, slot_bytes]
         device arrays: the cache, the ring); offs the byte offsets into a blob; groups [0, J1) of the first class,
-        [J1, J) of the second; tiling (few_rows, rows_tile, bm, big_bm); fill: the tiles each launch covers
+        [J1, J) of the second; tiling (few_rows, rows_tile, bm): the tiles' rows; fill: the tiles each launch covers
         (presync.fills at the chunk's T)."""
 
     @abc.abstractmethod
-    def pre_group(self, pt, j: int, fill: tuple[int, int, int]):
-        """Group j's tables of pt as a presync.PreGroup."""
+    def pre_group(self, pt, j: int, fill: tuple[int, int], bm: int):
+        """Group j's tables of pt as a presync.PreGroup (its GEMM tiles of bm rows)."""
 
     @abc.abstractmethod
     def swiglu_span(self, out, gu, span, f: int, rows: int, stream) -> None:

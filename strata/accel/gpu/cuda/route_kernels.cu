@@ -66,23 +66,22 @@ extern "C" __global__ void __launch_bounds__(RT_TILE) route_rows(int* slot, int*
 // (hist's first nt tiles), off [E] <- each routed expert's first row, order[0 .. n_order) first, the others by id
 // (0 for the unrouted); and J launch groups, G a group in row order: groups [0, J1) over the routed experts among
 // order[0 .. nc1), groups [J1, J) over those among order[nc1 .. nc). ptrs [J][2][W][G] (set 0 every member's blob
-// + offs[w], set 1 the same where the member takes the GEMM, else 0), tiles [J][sf + s64 + s128][3] (g, r0, r1):
-// expert_rows' of rows_tile rows, then the bm-row GEMM's, then the big_bm-row GEMM's, each padded with (0, 0, 0)
-// to nf / n64 / n128 (the launches' grids), spans [J][2] the group's rows. One block: thread 0 walks the order (at
-// most E experts, J·G members), then the threads write the tables.
+// + offs[w], set 1 the same where the member takes the GEMM, else 0), tiles [J][sf + sg][3] (g, r0, r1):
+// expert_rows' of rows_tile rows, then the GEMM's of bm rows, each padded with (0, 0, 0) to nf / ng (the launches'
+// grids), spans [J][2] the group's rows. One block: thread 0 walks the order (at most E experts, J·G members), then
+// the threads write the tables.
 extern "C" __global__ void __launch_bounds__(256) plan_groups(
         int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, int nt, int E,
         const int* order, int n_order, int nc1, int nc, const unsigned long long* cptr, const unsigned long long* offs,
-        int W, int J1, int J, int G, int few_rows, int rows_tile, int bm, int big_bm, int sf, int s64, int s128,
-        int nf, int n64, int n128) {
+        int W, int J1, int J, int G, int few_rows, int rows_tile, int bm, int sf, int sg, int nf, int ng) {
     extern __shared__ int sh[];
     int* cnt = sh;                      // [E]
     int* pos = cnt + E;                 // [E] position in order, -1 past it
     int* memb = pos + E;                // [J·G] each member's index into order, -1 for none
     int* mst = memb + J * G;            // [J·G] its first row
     int* mtb = mst + J * G;             // [J·G] its first tile in its group's table
-    int* gsz = mtb + J * G;             // [J][3] tiles a group's tables hold; [J] its GEMM row tile after them
-    const int tid = threadIdx.x, JG = J * G, ts = sf + s64 + s128;
+    int* gsz = mtb + J * G;             // [J][2] tiles a group's two tables hold
+    const int tid = threadIdx.x, JG = J * G, ts = sf + sg;
     for (int e = tid; e < E; e += blockDim.x) {
         int c = 0;
         for (int t = 0; t < nt; t++) c += hist[(long long)t * E + e];
@@ -113,28 +112,19 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
                 s += cnt[e];
             }
         for (int j = 0; j < J; j++) {
-            int b = big_bm > bm ? big_bm : bm;             // rows_host.many_tile
-            int q1 = j * G - 1;                            // the group's last member
-            for (int q = j * G; q < (j + 1) * G && memb[q] >= 0; q++) {
-                const int c = cnt[order[memb[q]]];
-                if (c > few_rows && c <= bm) b = bm;
-                q1 = q;
-            }
-            int nfj = 0, ngj = 0;
-            for (int q = j * G; q <= q1; q++) {
+            int nfj = 0, ngj = 0, q1 = j * G - 1;         // q1: the group's last member
+            for (int q = j * G; q < (j + 1) * G && memb[q] >= 0; q1 = q++) {
                 const int c = cnt[order[memb[q]]];
                 if (c <= few_rows) {
                     mtb[q] = nfj;
                     nfj += (c + rows_tile - 1) / rows_tile;
                 } else {
                     mtb[q] = ngj;
-                    ngj += (c + b - 1) / b;
+                    ngj += (c + bm - 1) / bm;
                 }
             }
-            gsz[3 * j] = nfj;
-            gsz[3 * j + 1] = b == bm ? ngj : 0;
-            gsz[3 * j + 2] = b == bm ? 0 : ngj;
-            gsz[3 * J + j] = b;
+            gsz[2 * j] = nfj;
+            gsz[2 * j + 1] = ngj;
             const int q0 = j * G;
             spans[2 * j] = q0 <= q1 ? mst[q0] : 0;
             spans[2 * j + 1] = q0 <= q1 ? mst[q1] + cnt[order[memb[q1]]] : 0;
@@ -150,8 +140,8 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
             ptrs[((long long)(2 * j + 1) * W + w) * G + p] = i >= 0 && c > few_rows ? base + offs[w] : 0ull;
         }
         if (i < 0) continue;
-        const int b = gsz[3 * J + j], size = c <= few_rows ? rows_tile : b;
-        int* t = tiles + 3 * ((long long)j * ts + (c <= few_rows ? 0 : b == bm ? sf : sf + s64) + mtb[q]);
+        const int size = c <= few_rows ? rows_tile : bm;
+        int* t = tiles + 3 * ((long long)j * ts + (c <= few_rows ? 0 : sf) + mtb[q]);
         for (int r = mst[q]; r < mst[q] + c; r += size, t += 3) {
             t[0] = p;
             t[1] = r;
@@ -160,10 +150,8 @@ extern "C" __global__ void __launch_bounds__(256) plan_groups(
     }
     for (int j = 0; j < J; j++) {                     // the empty tiles up to each launch's grid
         int* t = tiles + 3 * (long long)j * ts;
-        for (int u = gsz[3 * j] + tid; u < nf; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
+        for (int u = gsz[2 * j] + tid; u < nf; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
         t += 3 * sf;
-        for (int u = gsz[3 * j + 1] + tid; u < n64; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
-        t += 3 * s64;
-        for (int u = gsz[3 * j + 2] + tid; u < n128; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
+        for (int u = gsz[2 * j + 1] + tid; u < ng; u += blockDim.x) t[3 * u] = t[3 * u + 1] = t[3 * u + 2] = 0;
     }
 }
