@@ -198,7 +198,7 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
                     try:
                         e = GpuEngine(m, dev, n_ctx=max(map(len, prompts)) + 4, expert_cache=cached,
                                       prompt_groups=(group,), few_rows=few)
-                        e.pre_groups, e.pre_guessed = pre, pre // 2
+                        e.pre_groups, e.pre_guessed, e.pre_min_tokens = pre, pre // 2, 0
                         n, plan = [0, 0], dev.k.plan_groups
 
                         def spy(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):
@@ -223,3 +223,30 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
         assert all(n == 3 * m.cfg.n_layer for (pre, _, _), (n, _) in issued.items() if pre), issued
         assert not any(n for (pre, _, _), (n, _) in issued.items() if not pre)
         assert any(g for (pre, c, _), (_, g) in issued.items() if pre and c < n_pairs), "no guessed groups"
+
+
+def test_short_chunks_take_pre_sync_groups_only_where_every_expert_is_cached():
+    """The default gate (MoeBlock.pre_min_tokens): a chunk shorter than it takes pre-sync groups in a layer whose
+    cache holds all its experts, not where some stream; at the gate's length every layer takes them."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.presync import PRE_MIN_TOKENS
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][0])
+    assert len(ids) < PRE_MIN_TOKENS
+    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    calls = {}
+    for cached, gate in ((n_pairs, None), (n_pairs // 2, None), (n_pairs // 2, len(ids))):
+        dev = HostDevice()
+        try:
+            e = GpuEngine(m, dev, n_ctx=len(ids) + 4, expert_cache=cached)
+            if gate is not None:
+                e.pre_min_tokens = gate
+            n, plan = [0], dev.k.plan_groups
+            dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
+            e.prefill(ids)
+            calls[cached, gate] = n[0]
+        finally:
+            dev.close()
+    assert calls == {(n_pairs, None): m.cfg.n_layer, (n_pairs // 2, None): 0, (n_pairs // 2, len(ids)): m.cfg.n_layer}

@@ -33,6 +33,9 @@ import numpy as np
 PRE_GROUPS = 2      # launch groups a layer issues before its routing sync, at most (MoeBlock.pre_groups)
 PRE_GROUPS_MAX = 4  # the most a chunk's buffers hold tables for (buffers.carve)
 CARVE_FEW_ROWS = 64  # the largest few_rows (moe.FEW_ROWS, bench/prefill.py --few-rows) the carved tables fit
+PRE_MIN_TOKENS = 1024  # a layer whose cache lacks some of its experts takes pre-sync groups in chunks this long
+                      # or longer (MoeBlock.pre_min_tokens; bench/results/h200/presync_*_stop48.log: shorter ones
+                      # were 0.93-1.00x on qwen3's quarter cache, 2,048 tokens 1.02-1.13x, all resident 1.05-1.08x)
 PRE_MARGIN = 1.25   # residents' groups for this many times the routed residents the route memory expects (+1)
 PRE_BIG_ROWS = 96   # the larger GEMM row tile where a routed expert is expected to get this many rows or more
                     # (gemm_grouped_mma128 is faster from ~80, bench/results/h200/gemm_kernel_stop44.log)
