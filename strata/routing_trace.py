@@ -21,7 +21,7 @@ class RoutingWriter:
     def __init__(self, path: str, model):
         c = model.cfg
         try:
-            self.f = open(path, "w")
+            self.f = open(path, "w", encoding="utf-8")
         except OSError as e:
             raise ValueError(f"{path}: cannot write the routing trace there ({e.strerror})") from None
         self.f.write(json.dumps({"format": FORMAT, "version": VERSION, "arch": c.arch, "n_layer": c.n_layer,
@@ -47,7 +47,7 @@ class RoutingWriter:
 def read(path: str) -> tuple[dict, Iterator[dict]]:
     """(the trace's head, its records in order). A file that is not a trace, of another version, or with a line
     that is not JSON (a trace cut short) is a ValueError naming the file and the line."""
-    f = open(path)
+    f = open(path, encoding="utf-8")
     try:
         first = f.readline()
         try:

@@ -41,7 +41,7 @@ def golden_models(directory: str = GOLDEN_DIR) -> list[str]:
 
 
 def load_prompts(directory: str = GOLDEN_DIR) -> tuple[list[str], int]:
-    with open(os.path.join(directory, "prompts.json")) as f:
+    with open(os.path.join(directory, "prompts.json"), encoding="utf-8") as f:
         d = json.load(f)
     return d["prompts"], int(d["n_greedy"])
 

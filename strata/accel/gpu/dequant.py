@@ -74,7 +74,7 @@ def _flatten(name: str, seen: set[str]) -> str:
     if name in seen:
         return ""
     seen.add(name)
-    text = (CUDA_DIR / name).read_text().replace("#pragma once\n", "")
+    text = (CUDA_DIR / name).read_text(encoding="utf-8").replace("#pragma once\n", "")
     return _INCLUDE.sub(lambda m: _flatten(m.group(1), seen), text)
 
 
@@ -207,7 +207,7 @@ def _host_lib() -> ctypes.CDLL:
         lib.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
             cpp, so = pathlib.Path(tmp) / "harness.cpp", pathlib.Path(tmp) / "lib.so"
-            cpp.write_text(src)
+            cpp.write_text(src, encoding="utf-8")
             r = subprocess.run([cxx, *_CXXFLAGS, str(cpp), "-o", str(so)], capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"g++ failed to compile the dequant harness:\n{r.stderr[-4000:]}")
