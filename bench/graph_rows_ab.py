@@ -4,7 +4,9 @@ prompt_graph.GRAPH_ROWS (640) as captured segments, against up to ROWS (a 900-to
 (memplan.budget_holding). Arms alternating; the padded rows are another GEMM shape, so the logits are compared by
 their largest difference and top token, not bit for bit. CUDA only.
 
-python bench/graph_rows_ab.py MODEL.gguf 600,900 ROUNDS ROWS"""
+python bench/graph_rows_ab.py MODEL.gguf 600,900 ROUNDS ROWS [KNOBS]
+    KNOBS: name=value[,name=value] integer MoeBlock attributes set on the new engine alone (pre_min_tokens=0: its
+    short chunks take the pre-sync groups too, strata/accel/presync.py)"""
 import dataclasses
 import sys
 
@@ -27,11 +29,15 @@ try:
                     config=dataclasses.replace(policy.from_process(), cpu_share=0.0), arena=arena)
 finally:
     pgm.GRAPH_ROWS = keep
+for kv in (sys.argv[5].split(",") if len(sys.argv) > 5 else ()):
+    name, value = kv.split("=", 1)
+    assert hasattr(new, name), f"{name}: not an engine attribute"
+    setattr(new, name, int(value))
 assert new.plan.cache_slots == old.plan.cache_slots and new.plan.chunk == old.plan.chunk, (new.plan, old.plan)
 rng = np.random.default_rng(0)
 warm((old, new), lengths, rng, c.n_vocab, rounds=3)       # eager, capture, replay
 print(f"{path}: quarter cache {old.plan.cache_slots} slots (chunk {old.plan.chunk}); old = segments up to {keep} "
-      f"rows, new = up to {new.pgraphs.cap}; {rounds} rounds, arms alternating; medians", flush=True)
+      f"rows, new = up to {new.pgraphs.cap} {sys.argv[5] if len(sys.argv) > 5 else ''}; {rounds} rounds, arms alternating; medians", flush=True)
 for L in lengths:
     t = {"old": [], "new": []}
     diff, top = 0.0, True

@@ -198,7 +198,8 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
                     try:
                         e = GpuEngine(m, dev, n_ctx=max(map(len, prompts)) + 4, expert_cache=cached,
                                       prompt_groups=(group,), few_rows=few)
-                        e.pre_groups, e.pre_guessed, e.pre_min_tokens = pre, pre // 2, 0
+                        e.pre_groups, e.pre_guessed = pre, pre // 2
+                        e.pre_min_tokens = e.pre_wide_tokens = 0
                         n, plan = [0, 0], dev.k.plan_groups
 
                         def spy(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):
@@ -225,9 +226,23 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
         assert any(g for (pre, c, _), (_, g) in issued.items() if pre and c < n_pairs), "no guessed groups"
 
 
-def test_short_chunks_take_pre_sync_groups_only_where_every_expert_is_cached():
-    """The default gate (MoeBlock.pre_min_tokens): a chunk shorter than it takes pre-sync groups in a layer whose
-    cache holds all its experts, not where some stream; at the gate's length every layer takes them."""
+def test_takes_pre_rule():
+    """presync.takes_pre: every layer whose experts are all cached; else none below min_tokens, every one from
+    wide_tokens, and between them the layers expected to stream no more than the ring holds (not before a note)."""
+    from strata.accel.presync import takes_pre
+
+    assert takes_pre(10, True, None, 8, 768, 1024)
+    assert not takes_pre(767, False, 0.0, 8, 768, 1024)
+    assert takes_pre(1024, False, 100.0, 8, 768, 1024) and takes_pre(1024, False, None, 8, 768, 1024)
+    assert takes_pre(768, False, 8.0, 8, 768, 1024) and not takes_pre(768, False, 8.5, 8, 768, 1024)
+    assert not takes_pre(900, False, None, 8, 768, 1024)
+
+
+def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_stream():
+    """The default gate (MoeBlock.pre_min_tokens, pre_wide_tokens): a chunk shorter than pre_min_tokens takes
+    pre-sync groups in a layer whose cache holds all its experts, not where some stream; from pre_min_tokens every
+    layer below pre_wide_tokens that the route memory expects to stream no more than the ring holds (here the even
+    layers); from pre_wide_tokens every layer."""
     from strata.accel.device.host import HostDevice
     from strata.accel.engine import GpuEngine
     from strata.accel.presync import PRE_MIN_TOKENS
@@ -235,18 +250,27 @@ def test_short_chunks_take_pre_sync_groups_only_where_every_expert_is_cached():
     m = models.load(golden.model_path("tiny-qwen3moe"))
     ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][0])
     assert len(ids) < PRE_MIN_TOKENS
-    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    L, n_pairs = m.cfg.n_layer, m.cfg.n_layer * m.cfg.n_expert
     calls = {}
-    for cached, gate in ((n_pairs, None), (n_pairs // 2, None), (n_pairs // 2, len(ids))):
+    for cached, gate in ((n_pairs, None), (n_pairs // 2, None), (n_pairs // 2, (len(ids), len(ids))),
+                         (n_pairs // 2, (len(ids), len(ids) + 1))):
         dev = HostDevice()
         try:
             e = GpuEngine(m, dev, n_ctx=len(ids) + 4, expert_cache=cached)
             if gate is not None:
-                e.pre_min_tokens = gate
+                e.pre_min_tokens, e.pre_wide_tokens = gate
+            expected = e.routes.expected
+
+            def narrow_even(layer, tokens, among, _f=expected, _e=e):
+                streaming = np.array_equal(np.asarray(among, bool), ~_e.cache.resident(layer))
+                return (0.0 if layer % 2 == 0 else 1e9) if streaming else _f(layer, tokens, among)
+            e.routes.expected = narrow_even
             n, plan = [0], dev.k.plan_groups
             dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
             e.prefill(ids)
             calls[cached, gate] = n[0]
         finally:
             dev.close()
-    assert calls == {(n_pairs, None): m.cfg.n_layer, (n_pairs // 2, None): 0, (n_pairs // 2, len(ids)): m.cfg.n_layer}
+    assert L > 1
+    assert calls == {(n_pairs, None): L, (n_pairs // 2, None): 0, (n_pairs // 2, (len(ids), len(ids))): L,
+                     (n_pairs // 2, (len(ids), len(ids) + 1)): (L + 1) // 2}, calls

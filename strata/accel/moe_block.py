@@ -15,7 +15,7 @@ import numpy as np
 from strata.accel.deferred import DeferredBlock
 from strata.accel.gpu.kernels import ROUTE_TILE
 from strata.accel.moe import placement, row_layout, row_order
-from strata.accel.presync import PRE_BIG_ROWS, PRE_GROUPS, PRE_MARGIN, PRE_MIN_TOKENS, fills
+from strata.accel.presync import PRE_BIG_ROWS, PRE_GROUPS, PRE_MARGIN, PRE_MIN_TOKENS, PRE_WIDE_TOKENS, fills, takes_pre
 from strata.accel.rows_host import tile_sums
 from strata.accel.stream import Walk
 from strata.policy.stream import routed_group, routed_groups, unrouted_waste, walk_runs
@@ -30,6 +30,7 @@ class MoeBlock:
     pre_groups = PRE_GROUPS
     pre_guessed = PRE_GROUPS        # of those, after the residents', groups of a guessed walk's experts
     pre_min_tokens = PRE_MIN_TOKENS  # unless the cache holds all of a layer's experts: chunks this long or longer
+    pre_wide_tokens = PRE_WIDE_TOKENS  # and below this, narrow layers only (presync.takes_pre)
 
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
@@ -283,9 +284,10 @@ class MoeBlock:
         return out
 
     def _issue_pre(self, layer: int, h, ids_dev, P: int, nt: int) -> tuple[int, int, list]:
-        """Before the routing sync, in a chunk of pre_min_tokens or more or a layer whose experts are all resident:
-        the layer's rows (route_rows from the device's offsets) and gather, launch groups of its routed residents, then (the compute stream waiting for the guessed walk's copies) of its routed
-        guessed experts (presync.py), behind the counts' download. The row order is the host's: the residents, then
+        """Before the routing sync, where presync.takes_pre says (a layer whose experts are all resident, a chunk of
+        pre_min_tokens or more, below pre_wide_tokens in a narrow layer): the layer's rows (route_rows from the
+        device's offsets) and gather, launch groups of its routed residents, then (the compute stream waiting for the
+        guessed walk's copies) of its routed guessed experts (presync.py), behind the counts' download. The row order is the host's: the residents, then
         a guessed walk's experts in its order, then the others by id. As many residents' groups as the route memory
         expects routed residents (with a margin; those past them take the host's groups after the sync), at most
         pre_groups, and the larger GEMM row tile where it expects the routed experts to fill it. Returns the groups
@@ -295,8 +297,10 @@ class MoeBlock:
         bufs, G, K, T = runner.bufs, runner.bufs.group, self.cfg.n_expert_used, h.shape[0]
         res_mask = self.cache.resident(layer)
         resident = np.flatnonzero(res_mask)
-        if T < self.pre_min_tokens and resident.size < res_mask.size:
-            return 0, 0, []          # a short chunk streaming some experts: the host's groups were as fast or faster
+        all_cached = resident.size == res_mask.size
+        streamed = None if all_cached else self.routes.expected(layer, T, ~res_mask)
+        if not takes_pre(T, all_cached, streamed, self._ring.n, self.pre_min_tokens, self.pre_wide_tokens):
+            return 0, 0, []          # a short chunk, a broad layer: the host's groups were as fast or faster
         walk = self._pre[1] if self._pre is not None else None
         n_g = len(walk.entries) if walk is not None else 0
         want = self.routes.expected(layer, T, res_mask)

@@ -33,9 +33,12 @@ import numpy as np
 PRE_GROUPS = 2      # launch groups a layer issues before its routing sync, at most (MoeBlock.pre_groups)
 PRE_GROUPS_MAX = 4  # the most a chunk's buffers hold tables for (buffers.carve)
 CARVE_FEW_ROWS = 64  # the largest few_rows (moe.FEW_ROWS, bench/prefill.py --few-rows) the carved tables fit
-PRE_MIN_TOKENS = 1024  # a layer whose cache lacks some of its experts takes pre-sync groups in chunks this long
-                      # or longer (MoeBlock.pre_min_tokens; bench/results/h200/presync_*_stop48.log: shorter ones
-                      # were 0.93-1.00x on qwen3's quarter cache, 2,048 tokens 1.02-1.13x, all resident 1.05-1.08x)
+PRE_MIN_TOKENS = 768  # a layer whose cache lacks some of its experts takes pre-sync groups in chunks this long
+                     # or longer (MoeBlock.pre_min_tokens): shorter ones were 0.98-1.00x on qwen3's quarter cache
+                     # (bench/results/h200/presync_gate_q8_stop49.log), 0.93-1.00x before their dense parts
+                     # were graphs (presync_*_stop48.log)
+PRE_WIDE_TOKENS = 1024  # below it, only a narrow layer (pre_wide_tokens, takes_pre): the prompt path's chain is
+                        # the host's and the GPU's there, while a broad layer's is the link's (flash-shape 0.98-0.99x)
 PRE_MARGIN = 1.25   # residents' groups for this many times the routed residents the route memory expects (+1)
 PRE_BIG_ROWS = 96   # the larger GEMM row tile where a routed expert is expected to get this many rows or more
                     # (gemm_grouped_mma128 is faster from ~80, bench/results/h200/gemm_kernel_stop44.log)
@@ -62,6 +65,19 @@ class PreShape:
     @property
     def ts(self) -> int:
         return self.sf + self.sg
+
+
+def takes_pre(T: int, all_cached: bool, streamed: float | None, ring: int, min_tokens: int,
+              wide_tokens: int) -> bool:
+    """Whether a prompt layer of a chunk of T tokens takes pre-sync groups: always where the cache holds all its
+    experts; else from min_tokens tokens, and below wide_tokens only where the route memory expects it to stream
+    (`streamed`: routed non-resident experts, None before the layer's first note) no more than the guessed walk's
+    ring holds."""
+    if all_cached:
+        return True
+    if T < min_tokens:
+        return False
+    return T >= wide_tokens or (streamed is not None and streamed <= ring)
 
 
 def carve_shape(E: int, cap: int, K: int, group: int) -> PreShape:

@@ -33,9 +33,11 @@ from strata.accel.gpu.kernels import ONE_PASS_HEAD_DIMS
 
 BUCKET = 64          # rows a segment is padded to (the prompt attention's 64-row blocks)
 # chunks of more tokens run their dense parts op by op: there the GPU's work covers the host's issue, and the
-# regions cost VRAM as the rows (on the H200 the graphs gave qwen3's quarter cache 1.02-1.03x on prompts of 256 and
-# 640 rows, 1.004x at 960 and 1.007x on 1,280-token chunks: bench/results/h200/ab_graphs_*_stop34.log)
-GRAPH_ROWS = 640
+# regions cost VRAM as the rows. Up to 1,024 rows: a 900-token chunk's replayed segment leaves the host free to issue
+# a narrow layer's pre-sync groups (presync.py) while the GPU runs the dense part: qwen3's quarter cache 1.053x at
+# 900 tokens with the graphs alone, 1.096x with both; flash-shape 0.998x; +83 MiB of regions for qwen3, +112 for
+# flash-shape (bench/results/h200/graph_rows_*_stop49.log; 640 rows until then, ab_graphs_*_stop34.log)
+GRAPH_ROWS = 1024
 SEEN_MAX = 1 << 16   # keys met once that PromptGraphs remembers
 EAGER, CAPTURE, REPLAY = "eager", "capture", "replay"
 TAPED = ("rms_norm", "linear", "add", "add_bias", "rope", "qk_norm_rope", "attention", "router_probs", "topk",
