@@ -2,19 +2,23 @@
 stream wait. CUDA only; wraps the engine's Ring.copy_run, ExpertRunner.group and GpuEngine.moe with timing events.
 
 python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx] [--walk=routed-only|stream-all] [--detail=LAYER]
+    [--pre=MIN,WIDE] [--graph-rows=N]
 
 --walk holds the walk of every chunk SPEC §3 sends down stream-all: routed-only (as policy.StreamWaste refusing) or
 stream-all (as StreamWaste admitting); without it the engine chooses. --detail=LAYER prints that layer's copy runs and
-launch groups of each prompt in the order the host issued them: host time, then the GPU's start and end (ms).
+launch groups of each prompt in the order the host issued them: host time, then the GPU's start and end (ms); a
+pre-sync group (presync.py) shows -1 members. --pre=MIN,WIDE sets MoeBlock.pre_min_tokens and pre_wide_tokens (0,0:
+every layer takes pre-sync groups); --graph-rows=N prompt_graph.GRAPH_ROWS (the chunks whose dense parts replay).
 
 Per prompt: the copy stream's busy time and its idle time (the next copy issued by the host after the previous one
 ended; issued early but waiting on a slot's `used` event; after the last copy), the compute stream's expert-group
 time and the stalls between groups of one layer (waiting for a copy), GPU time outside the MoE blocks; then each
 MoE block's span with its layer's copies."""
-import sys, time, dataclasses, threading, statistics
+import sys, time, dataclasses, threading
 import numpy as np
 from strata import models, policy
 from strata.accel import stream as st, moe as moe_mod
+import strata.accel.prompt_graph as pgm
 from strata.accel.arena import Arena
 from strata.accel.device.cuda import CudaDevice
 from strata.accel.engine import GpuEngine
@@ -22,7 +26,9 @@ from strata.accel.memplan import budget_holding
 
 walk = next((x.split("=", 1)[1] for x in sys.argv if x.startswith("--walk=")), None)
 detail = next((int(x.split("=", 1)[1]) for x in sys.argv if x.startswith("--detail=")), None)
-argv = [x for x in sys.argv if not x.startswith(("--walk=", "--detail="))]
+pre = next((tuple(map(int, x.split("=", 1)[1].split(","))) for x in sys.argv if x.startswith("--pre=")), None)
+rows = next((int(x.split("=", 1)[1]) for x in sys.argv if x.startswith("--graph-rows=")), None)
+argv = [x for x in sys.argv if not x.startswith(("--walk=", "--detail=", "--pre=", "--graph-rows="))]
 assert walk in (None, "routed-only", "stream-all"), f"--walk={walk}: routed-only or stream-all"
 path, lengths = argv[1], [int(x) for x in argv[2].split(",")]
 n_ctx = int(argv[3]) if len(argv) > 3 else 8200
@@ -66,12 +72,26 @@ def moe(self, h, layer, ids_dev, w_dev, out=None):
     e1 = tev(self.dev.compute)
     REC.append(("moe", layer, t, e0, e1, time.perf_counter()))
     return out
+def group_pre(self, layer, g, read=None):
+    if REC is None:
+        return ogp(self, layer, g, read)
+    h = time.perf_counter(); e0 = tev(self.dev.compute)
+    ogp(self, layer, g, read)
+    e1 = tev(self.dev.compute)
+    REC.append(("group", layer, h, e0, e1, -1))
+ogp = moe_mod.ExpertRunner.group_pre
 st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue = copy_run, group, moe, issue
+moe_mod.ExpertRunner.group_pre = group_pre
+if rows is not None:
+    pgm.GRAPH_ROWS = rows                  # read when the engine plans and builds its PromptGraphs
 logs = []
 eq = GpuEngine(m, dev, n_ctx=n_ctx, vram_budget=budget_holding(m, n_ctx, c.n_layer * c.n_expert // 4), config=cfg,
                arena=arena, log=logs.append)
+if pre is not None:
+    eq.pre_min_tokens, eq.pre_wide_tokens = pre
 if walk is not None:
     eq.stream_waste.admit = (lambda: walk == "stream-all")
+print(f"# pre_min_tokens {eq.pre_min_tokens}, pre_wide_tokens {eq.pre_wide_tokens}, graph rows {pgm.GRAPH_ROWS}")
 print(f"# {path.split('/')[-1]} walk {walk or 'chosen by the engine'}; plan chunk {eq.plan.chunk} ring {eq.plan.ring} group {eq.plan.group} loan {eq.plan.loan_slots}")
 rng = np.random.default_rng(0)
 for L in lengths:
