@@ -11,7 +11,7 @@ import re
 import sys
 
 from strata.gguf_file import GGUFError
-from strata.cli_args import checked, closed_stdout
+from strata.cli_args import checked, closed_stdout, text, utf8_output
 from strata.sampling import add_cli_args
 
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text")
     g.add_argument("--model", help="a GGUF MoE model (default: the bundled strata-tiny)")
-    g.add_argument("--prompt", default="def fibonacci(n):")
+    g.add_argument("--prompt", type=text("--prompt"), default="def fibonacci(n):")
     g.add_argument("-n", type=checked(int, "-n", lambda v: v >= 0, ">= 0"), default=64, help="tokens to generate")
     g.add_argument("--device", choices=("auto", "cuda", "cpu", "host"), default="auto",
                    help="host = the GPU engine on the CPU twin (for debugging)")
@@ -70,6 +70,7 @@ def note(msg: str) -> None:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    utf8_output()
     try:
         from strata import policy
 

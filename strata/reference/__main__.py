@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.gguf_file import GGUFError
 from strata.reference.linalg import Path
-from strata.cli_args import checked, closed_stdout
+from strata.cli_args import checked, closed_stdout, text, utf8_output
 from strata.sampling import add_cli_args, from_cli_args
 
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p = sub.add_parser("generate")
     p.add_argument("--model")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", type=text("--prompt"), required=True)
     p.add_argument("-n", type=checked(int, "-n", lambda v: v >= 0, ">= 0"), default=16)
     p.add_argument("--ctx", type=checked(int, "--ctx", lambda v: v >= 1, ">= 1"))
     p.add_argument("--path", choices=[x.value for x in Path], default="float")
@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", action="append", help="only this golden model (repeatable)")
     p.add_argument("--synth", action="store_true", help="first re-synthesise the tiny golden models (seed 0)")
     a = ap.parse_args(argv)
+    utf8_output()
     try:
         return {"logits": cmd_logits, "generate": cmd_generate, "golden": cmd_golden}[a.cmd](a)
     except (GGUFError, ValueError) as e:
