@@ -157,9 +157,12 @@ def test_ctrl_c_ends_generate_with_one_line(device, tmp_path):
     import sys
 
     trace = tmp_path / "t.jsonl"
+    # the child takes ^C as a terminal's user would, also where this test runs as a background job (a shell without
+    # job control starts those with SIGINT ignored, and a child keeps that: Python then installs no handler)
     p = subprocess.Popen([sys.executable, "-m", "strata.accel", "generate", "--device", device, "-n", "400",
                           "--greedy", "--ctx", "512", "--dump-routing", str(trace)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.stdout.read(20)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=300)
