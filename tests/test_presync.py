@@ -231,11 +231,14 @@ def test_takes_pre_rule():
     wide_tokens, and between them the layers expected to stream no more than the ring holds (not before a note)."""
     from strata.accel.presync import takes_pre
 
-    assert takes_pre(10, True, None, 8, 768, 1024)
-    assert not takes_pre(767, False, 0.0, 8, 768, 1024)
-    assert takes_pre(1024, False, 100.0, 8, 768, 1024) and takes_pre(1024, False, None, 8, 768, 1024)
-    assert takes_pre(768, False, 8.0, 8, 768, 1024) and not takes_pre(768, False, 8.5, 8, 768, 1024)
-    assert not takes_pre(900, False, None, 8, 768, 1024)
+    def never():
+        raise AssertionError("the route memory asked where the rule needs no answer")
+
+    assert takes_pre(10, True, never, 8, 768, 1024)
+    assert not takes_pre(767, False, never, 8, 768, 1024)
+    assert takes_pre(1024, False, never, 8, 768, 1024)
+    assert takes_pre(768, False, lambda: 8.0, 8, 768, 1024) and not takes_pre(768, False, lambda: 8.5, 8, 768, 1024)
+    assert not takes_pre(900, False, lambda: None, 8, 768, 1024)
 
 
 def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_stream():

@@ -297,9 +297,9 @@ class MoeBlock:
         bufs, G, K, T = runner.bufs, runner.bufs.group, self.cfg.n_expert_used, h.shape[0]
         res_mask = self.cache.resident(layer)
         resident = np.flatnonzero(res_mask)
-        all_cached = resident.size == res_mask.size
-        streamed = None if all_cached else self.routes.expected(layer, T, ~res_mask)
-        if not takes_pre(T, all_cached, streamed, self._ring.n, self.pre_min_tokens, self.pre_wide_tokens):
+        streamed = lambda: self.routes.expected(layer, T, ~res_mask)     # asked only where the rule needs it
+        if not takes_pre(T, resident.size == res_mask.size, streamed, self._ring.n, self.pre_min_tokens,
+                         self.pre_wide_tokens):
             return 0, 0, []          # a short chunk, a broad layer: the host's groups were as fast or faster
         walk = self._pre[1] if self._pre is not None else None
         n_g = len(walk.entries) if walk is not None else 0

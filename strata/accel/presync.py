@@ -67,17 +67,19 @@ class PreShape:
         return self.sf + self.sg
 
 
-def takes_pre(T: int, all_cached: bool, streamed: float | None, ring: int, min_tokens: int,
-              wide_tokens: int) -> bool:
+def takes_pre(T: int, all_cached: bool, streamed, ring: int, min_tokens: int, wide_tokens: int) -> bool:
     """Whether a prompt layer of a chunk of T tokens takes pre-sync groups: always where the cache holds all its
     experts; else from min_tokens tokens, and below wide_tokens only where the route memory expects it to stream
-    (`streamed`: routed non-resident experts, None before the layer's first note) no more than the guessed walk's
-    ring holds."""
+    no more than the guessed walk's ring holds. `streamed()`: the routed non-resident experts it expects (None
+    before the layer's first note), asked only there (the short prompts' chain is the host's)."""
     if all_cached:
         return True
     if T < min_tokens:
         return False
-    return T >= wide_tokens or (streamed is not None and streamed <= ring)
+    if T >= wide_tokens:
+        return True
+    n = streamed()
+    return n is not None and n <= ring
 
 
 def carve_shape(E: int, cap: int, K: int, group: int) -> PreShape:
