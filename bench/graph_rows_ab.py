@@ -29,7 +29,8 @@ try:
                     config=dataclasses.replace(policy.from_process(), cpu_share=0.0), arena=arena)
 finally:
     pgm.GRAPH_ROWS = keep
-for kv in (sys.argv[5].split(",") if len(sys.argv) > 5 else ()):
+spec = sys.argv[5] if len(sys.argv) > 5 else ""
+for kv in filter(None, spec.split(",")):
     name, value = kv.split("=", 1)
     assert hasattr(new, name), f"{name}: not an engine attribute"
     setattr(new, name, int(value))
@@ -37,7 +38,7 @@ assert new.plan.cache_slots == old.plan.cache_slots and new.plan.chunk == old.pl
 rng = np.random.default_rng(0)
 warm((old, new), lengths, rng, c.n_vocab, rounds=3)       # eager, capture, replay
 print(f"{path}: quarter cache {old.plan.cache_slots} slots (chunk {old.plan.chunk}); old = segments up to {keep} "
-      f"rows, new = up to {new.pgraphs.cap} {sys.argv[5] if len(sys.argv) > 5 else ''}; {rounds} rounds, arms alternating; medians", flush=True)
+      f"rows, new = up to {new.pgraphs.cap} {spec}; {rounds} rounds, arms alternating; medians", flush=True)
 for L in lengths:
     t = {"old": [], "new": []}
     diff, top = 0.0, True

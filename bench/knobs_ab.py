@@ -8,9 +8,9 @@ guess an expert a chunk routes with at least this probability); pre_groups (a Mo
 prompt layer's cache hits issued before its routing sync, strata/accel/presync.py; 0: none; pre_guessed: of a guessed
 walk's experts); pre_min_tokens (a MoeBlock attribute: the chunks that take those groups whatever their layer's
 residency; pre_wide_tokens: below it, narrow layers only, presync.takes_pre). Not kept, run in earlier forms of
-this script: guess_ahead (stop 45: the next layer's guess picked
-before the routing sync, its copies issued after the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth
-(stop 46, branch stop46-guess-depth: layers guessed ahead, knobs_depth_q48_*_stop46.log).
+this script: guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued after
+the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers
+guessed ahead, knobs_depth_q48_*_stop46.log).
 
 python bench/knobs_ab.py MODEL.gguf 250,600,900,2048 ROUNDS OLD NEW [FRAC]
     OLD, NEW: each arm's knobs, name=value[,name=value] (rows_on_device=0 rows_on_device=1; guess_p=0.3); FRAC: the

@@ -5,6 +5,7 @@ locale, and a quiet end when the reader of stdout goes away."""
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 
@@ -40,8 +41,8 @@ def utf8_output() -> None:
     """Generated text goes out as UTF-8 whatever the locale: under an ASCII one, printing a token outside ASCII
     would raise mid-generation."""
     for stream in (sys.stdout, sys.stderr):
-        if (getattr(stream, "encoding", None) or "").lower().replace("-", "") != "utf8" and \
-                hasattr(stream, "reconfigure"):
+        enc = getattr(stream, "encoding", None) or "ascii"
+        if codecs.lookup(enc).name != "utf-8" and hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding="utf-8", errors="backslashreplace")
 
 

@@ -17,9 +17,7 @@ def test_sources_and_prompts_read_under_an_ascii_locale():
             "assert any(not source(n).isascii() for n in names), 'no source holds UTF-8: the test tests nothing'\n"
             "assert any(not p.isascii() for p in golden.load_prompts()[0])\n"
             "print(len(names))\n")
-    env = {"PATH": os.environ.get("PATH", ""), "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0",
-           "PYTHONUTF8": "0", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_ascii_env(), capture_output=True, text=True,
                        encoding="utf-8")
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout.strip()) > 3

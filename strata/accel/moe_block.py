@@ -287,12 +287,12 @@ class MoeBlock:
         """Before the routing sync, where presync.takes_pre says (a layer whose experts are all resident, a chunk of
         pre_min_tokens or more, below pre_wide_tokens in a narrow layer): the layer's rows (route_rows from the
         device's offsets) and gather, launch groups of its routed residents, then (the compute stream waiting for the
-        guessed walk's copies) of its routed guessed experts (presync.py), behind the counts' download. The row order is the host's: the residents, then
-        a guessed walk's experts in its order, then the others by id. As many residents' groups as the route memory
-        expects routed residents (with a margin; those past them take the host's groups after the sync), at most
-        pre_groups, and the larger GEMM row tile where it expects the routed experts to fill it. Returns the groups
-        issued of each (residents, guessed) and, per guessed group, the event after which its members' ring slots
-        are free."""
+        guessed walk's copies) of its routed guessed experts (presync.py), behind the counts' download. The row order
+        is the host's: the residents, then a guessed walk's experts in its order, then the others by id. As many
+        residents' groups as the route memory expects routed residents (with a margin; those past them take the
+        host's groups after the sync), at most pre_groups, and the larger GEMM row tile where it expects the routed
+        experts to fill it. Returns the groups issued of each (residents, guessed) and, per guessed group, the event
+        after which its members' ring slots are free."""
         k, s, runner = self.k, self.dev.compute, self._runner
         bufs, G, K, T = runner.bufs, runner.bufs.group, self.cfg.n_expert_used, h.shape[0]
         res_mask = self.cache.resident(layer)

@@ -27,6 +27,7 @@ twin give its tables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -67,7 +68,8 @@ class PreShape:
         return self.sf + self.sg
 
 
-def takes_pre(T: int, all_cached: bool, streamed, ring: int, min_tokens: int, wide_tokens: int) -> bool:
+def takes_pre(T: int, all_cached: bool, streamed: Callable[[], float | None], ring: int, min_tokens: int,
+              wide_tokens: int) -> bool:
     """Whether a prompt layer of a chunk of T tokens takes pre-sync groups: always where the cache holds all its
     experts; else from min_tokens tokens, and below wide_tokens only where the route memory expects it to stream
     no more than the guessed walk's ring holds. `streamed()`: the routed non-resident experts it expects (None
