@@ -98,8 +98,12 @@ def test_a_lent_region_refills_in_event_batches(kind):
     back = sorted(placed[slots - lent:])
     assert back[:5] == [(0, 30), (0, 31), (0, 32), (0, 33), (1, 0)]
     assert len(copies) == 5 and sum(s[0] if len(s) == 2 else 1 for _, s in copies) == lent
+    asked = []                       # the poll asks each batch's event once, not once a slot
+    for ev in {id(ev): ev for ev, *_ in cache._pending}.values():
+        ev.query = lambda q=ev.query, ev=ev: (asked.append(id(ev)), q())[1]
     dev.synchronize()
     assert cache.poll() == 0 and cache.n_resident() == slots and cache.lent == 0
+    assert len(asked) == len(set(asked)) == -(-lent // REFILL_EVENT_EVERY), asked
     got = _host(dev, cache.buf)
     for s, (l, e) in enumerate(placed[:slots - lent] + back):
         assert cache.slot_of[l, e] == s and (got[s] == (l * E + e) % 251).all(), f"slot {s}"
