@@ -318,13 +318,15 @@ class _Runner(EngineWalks, LayerMajorWalk):
         m, c, res = self.run.model, self.costs, self.result
         eligible = self.run.share.on and shareable
         early = not self.mmq and c.by_issue   # GpuEngine.moe: the walk's first copies, then the row layout
-        # MoeBlock._guess: without the share, each layer's likely experts go out before its routing sync, the
-        # chunk's walks following each other in its ring (Ring.cursor; `after`: the last chunk's end)
-        chunk_ring = SimRing(self.ring, self.gpu.tail) if early and self.run.guess and not eligible else None
+        # MoeBlock._guess: each layer's likely experts go out before its routing sync where the share allows (its
+        # policy's guesses: an unshared layer on a settled verdict), the chunk's walks following each other in its
+        # ring (Ring.cursor; `after`: the last chunk's end)
+        chunk_ring = SimRing(self.ring, self.gpu.tail) if early and self.run.guess else None
         if eligible:
             self.pol.begin_chunk(t)
+        guesses = lambda l: chunk_ring is not None and (not eligible or self.pol.guesses(l))
         yield from self._embed(t)
-        pre = (yield from self.guess_walk(0, t, chunk_ring)) if chunk_ring is not None else None   # GpuEngine._step
+        pre = (yield from self.guess_walk(0, t, chunk_ring)) if guesses(0) else None   # GpuEngine._step
         for l in range(self.n_layer):
             self._attention(l, start, t)
             arm = self.pol.begin_layer(l) if eligible else False
@@ -362,7 +364,7 @@ class _Runner(EngineWalks, LayerMajorWalk):
                 cpu_done = self.pool.run(f"L{l} {len(cpu)} experts", cpu_us)
             done = yield from (self._routed_walk(l, cnt, set(cpu)) if self.mmq else
                                self._engine_routed_walk(l, cnt, set(cpu), iss))
-            if chunk_ring is not None and l + 1 < self.n_layer:   # MoeBlock.moe: after the layer's last group
+            if l + 1 < self.n_layer and guesses(l + 1):    # MoeBlock.moe: after the layer's last group
                 pre = yield from self.guess_walk(l + 1, t, chunk_ring)
             res.n_streamed += len(done)
             res.n_cpu += len(cpu)

@@ -312,3 +312,47 @@ def test_prime_reaches_the_first_size_class_and_the_later_ones_through_it():
     assert not share_policy(Share(ShareMode.OFF)).prime(0.3, 0.03)
     one = share_policy(Share(ShareMode.AUTO), sized=False)
     assert one.prime(0.3, 0.03) and one.meter.c_avg == 0.3
+
+
+@pytest.mark.parametrize("cpu_ms", [1.0, lambda i: 30.0 if i < 20 else 0.2])
+def test_peek_arm_is_the_next_begin_layers_arm(cpu_ms):
+    """peek_arm(l), asked where the engine guesses layer l's experts (after the chunk starts, or before the layer
+    before it ends), is the arm begin_layer(l) then gives: through exploration, both verdicts of each size class,
+    its probes and the floor veto (a CPU too slow for 20 chunks, then caught up). guesses(l) (MoeBlock._guess beside
+    the share) only where the layer is unarmed and the gate done exploring; never for a fixed or ungated share."""
+    from strata.policy import NoShare, SizedShare
+    from strata.policy.share import FixedShare
+
+    def wall(t, shared):      # sharing saves 20% at 250 tokens and costs 10% at 1,000
+        return 10.0 * ((0.8 if t < 500 else 1.1) if shared else 1.0)
+
+    for pol in (SizedShare(), GatedShare(), MeteredShare(), FixedShare(0.3), NoShare()):
+        last, arms, guessed = None, [], []
+        for i, t in enumerate([250, 1000, 250, 250, 1000] * 12):
+            pol.begin_chunk(t)
+            peek, guess, exploring = pol.peek_arm(0), pol.guesses(0), _exploring(pol)
+            for l in range(8):
+                arm = pol.begin_layer(l)
+                assert arm == peek, (type(pol).__name__, i, l)
+                assert not (guess and (arm or exploring)), (type(pol).__name__, i, l)   # guesses: unarmed, settled
+                guessed.append(guess)
+                want = pol.wants()
+                pol.readings(2.0 if want.gpu else None, wall(*last) if want.wall else None)
+                n_cpu = round(pol.share(arm) * 40)
+                if l + 1 < 8:   # the next layer's guess, before this layer's end
+                    peek, guess, exploring = pol.peek_arm(l + 1), pol.guesses(l + 1), _exploring(pol)
+                pol.end_layer(LayerEnd(l, 40, n_cpu, cpu_ms(i) if callable(cpu_ms) else cpu_ms))
+                last = (t, n_cpu > 0)
+                arms.append(arm)
+        name = type(pol).__name__
+        if isinstance(pol, (SizedShare, GatedShare)):
+            assert 0 < sum(arms) < len(arms), name      # both arms seen: the peek proved something
+        if isinstance(pol, SizedShare):                 # the 1,000-token class settles on "do not share"
+            assert 0 < sum(guessed) < len(guessed) - sum(arms), name
+        elif type(pol) in (MeteredShare, FixedShare):
+            assert not any(guessed), name
+
+
+def _exploring(pol) -> bool:
+    gate = getattr(pol, "gate", None)
+    return gate is not None and gate.exploring()

@@ -167,3 +167,77 @@ def test_a_decode_step_that_failed_leaves_the_decode_ring_usable(monkeypatch):
         dev.close()
     for i, (w, g) in enumerate(zip(want, got)):
         assert np.array_equal(w.view(np.uint32), g.view(np.uint32)), f"step {i}"
+
+
+
+class _Arms:
+    """A share policy whose i-th eligible layer's arm is pattern[i % len], a fixed share of 0.5 on an arm; `log`
+    gets each peek and begin_layer."""
+
+    def __init__(self, pattern, log):
+        from strata.policy.share import FixedShare
+        self.inner, self.pattern, self.i, self.log = FixedShare(0.5), pattern, 0, log
+        self.kind, self.folded = self.inner.kind, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def guesses(self, layer):
+        arm = self.pattern[self.i % len(self.pattern)]
+        self.log.append(("peek", layer, arm))
+        return not arm
+
+    def begin_layer(self, layer):
+        arm = self.pattern[self.i % len(self.pattern)]
+        self.i += 1
+        self.log.append(("begin", layer, arm))
+        return arm
+
+
+@pytest.mark.parametrize("pattern", [(False,), (False, True)])
+def test_layers_the_share_leaves_unshared_guess(monkeypatch, pattern):
+    """With the CPU share on a chunk, a layer its policy lets guess (SharePolicy.guesses: auto's gate settled on "do
+    not share") streams its guesses before its sync as a chunk without the share does; an armed layer guesses
+    nothing (the CPU picks after the sync). Oracle: the same engine and arms with guessing off (the same CPU picks:
+    the bits do not move)."""
+    from strata.accel.cpu.pool import ExpertPool
+    from strata.accel.engine import GpuEngine
+    import strata.accel.moe_block as mb
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+    log, guess = [], mb.MoeBlock._guess
+
+    def logged(self, layer, T, **kw):
+        before = self.stats.guessed
+        guess(self, layer, T, **kw)
+        if self.stats.guessed > before:
+            log.append(("guess", layer, None))
+    monkeypatch.setattr(mb.MoeBlock, "_guess", logged)
+    outs, engines = [], []
+    with ExpertPool(workers=1) as pool:
+        for on in (False, True):
+            dev = make_device("host")
+            try:
+                e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK,
+                              pool=pool, config=policy.Config(cpu_share=0.5, prompt_guess=on,
+                                                              prompt_layer_major=False))
+                log.clear()
+                e.cpu_block.swap(_Arms(pattern, log))
+                outs.append(prefill_each(e, _prompts(c.n_vocab)))
+                engines.append(e)
+            finally:
+                dev.close()
+    e0, e = engines
+    for i, (a, b) in enumerate(zip(*outs)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
+    assert e0.stats.guessed == 0 and e.stats.guessed > 0
+    for j, (what, layer, arm) in enumerate(log):
+        if what == "guess":               # right after its layer's peek, which said unarmed
+            assert log[j - 1] == ("peek", layer, False), log[j - 1:j + 1]
+        elif what == "peek":              # the arm the layer's begin_layer then gives
+            assert next(x for x in log[j + 1:] if x[0] == "begin") == ("begin", layer, arm), log[j:j + 4]
+    peeks = [arm for what, _, arm in log if what == "peek"]
+    assert False in peeks and (True in peeks) == (True in pattern), peeks
+    if True in pattern:
+        assert e.cpu_block.stats["cpu_experts"] > 0, "no layer shared: the armed layers proved nothing"

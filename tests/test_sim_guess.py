@@ -60,11 +60,11 @@ def routing(layers: int, span: int, lo: int = 0) -> Routing:
     return Routing(np.stack([one] * layers))
 
 
-def prompts(routings, guess: bool = True, cfg: Config = Config(cpu_share=0.0)):
+def prompts(routings, guess: bool = True, cfg: Config = Config(cpu_share=0.0), session=None):
     """One T-token prompt a routing, back to back on one session (the engine's memory kept between them)."""
     layers = routings[0].ids.shape[0]
     model = SimModel("tiny", ModelShape("qwen3moe", layers, 64, 2, 1, 32, E, 2, 32, 100))
-    session, out = None, []
+    out = []
     for r in routings:
         run = Run(machine("h200-host16"), model, T, cfg, cache_slots=200_000, routing=r, costs=FixedCosts(),
                   residency=((False,) * E,) * layers, plan=(T, RING, GROUP), guess=guess, timeline=True)
@@ -176,6 +176,32 @@ def test_no_guess_with_the_share_on_the_chunk():
     on = prompts([r, r], cfg=Config(cpu_share=0.5))
     assert on[1].guessed == 0
     assert on[1].session.routes.noted.all()
+
+
+def test_auto_share_guesses_the_layers_its_settled_gate_leaves_unshared():
+    """MoeBlock._guess beside auto's share (SharePolicy.guesses): once the chunk's gate says "do not share", its
+    unshared layers guess as the share-off engine's do, and its probe layer (a share arm) does not; an exploring
+    gate guesses nothing (its unshared windows are the share's yardstick), nor does a fixed share (every layer
+    armed)."""
+    from sim.engine import Session
+    from strata.policy import Share, ShareMode, share_policy, size_class
+    from strata.policy.gate import PROBE
+
+    r = routing(8, 32)
+    settled = share_policy(Share(ShareMode.AUTO))
+    gate = settled._class(size_class(T)).gate
+    gate.ratios.extend([2.0] * 5)                   # sharing doubled a window's time: do not share
+    gate.layers = 1                                 # the next probe (a share arm) is this session's layer 28
+    auto = prompts([r, r, r, r], cfg=Config(cpu_share="auto"), session=Session(settled))
+    exploring = prompts([r, r], cfg=Config(cpu_share="auto"))
+    fixed = prompts([r, r], cfg=Config(cpu_share=0.5))
+    off = prompts([r, r, r, r])
+    assert exploring[1].guessed == 0 and fixed[1].guessed == 0, (exploring[1].guessed, fixed[1].guessed)
+    assert not gate.gate and gate.layers == 1 + 4 * 8 and PROBE == 29
+    # prompts 1-3 guess as the share-off engine does but for prompt 3's layer 4 (the probe; its guess went out
+    # after layer 3), which shares
+    assert [p.guessed for p in auto[1:3]] == [p.guessed for p in off[1:3]]
+    assert 0 < auto[3].guessed < off[3].guessed
 
 
 def test_every_stored_engine_predates_the_guess():

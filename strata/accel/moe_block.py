@@ -153,7 +153,7 @@ class MoeBlock:
             inflight = adm.routed(layer, cnt)
         resident = self.cache.resident(layer)
         pre, self._pre = self._pre, None                   # the walk this layer's guess started (_guess)
-        assert pre is None or (pre[0] == layer and not share_layer and not self._decode), (pre, layer)
+        assert pre is None or (pre[0] == layer and not arm and not self._decode), (pre, layer)
         if self._counted is not None and not self._decode:     # a refused chunk counts stream-all's waste
             n, u = unrouted_waste(cnt, resident)
             self._counted[0] += n
@@ -336,11 +336,14 @@ class MoeBlock:
     def _guess(self, layer: int, T: int) -> None:
         """In a routed-only prompt chunk of T tokens, issue the copies of the experts `layer` likely routes
         (policy.guess, a ring's worth) before its routing sync, so the link carries them while the GPU finishes the
-        layer before and the host waits in the sync. Not with the CPU share on the chunk: it picks its experts after
-        the sync, and beside auto's share guesses (left to the GPU) were 0.94-1.01x on qwen3's quarter cache and
-        0.83-0.89x on flash-shape's (bench/results/h200/ab_guess_share_*_stop35.log)."""
+        layer before and the host waits in the sync. Beside the CPU share only where its policy says (guesses: a
+        layer it keeps unshared on a settled verdict): the share picks its experts after the sync, and beside auto's
+        share guesses (left to the GPU) were 0.94-1.01x on qwen3's quarter cache and 0.83-0.89x on flash-shape's
+        (ab_guess_share_*_stop35.log); with none beside it, auto's default ran qwen3's 250-token prompt ~10% slower
+        than the share off while sharing nothing (bench/results/h200/share_q8_stop50.log)."""
         if not self.guess or self._walk is not None or self._admissions is not None or (
-                self.cpu_block is not None and self._shareable and self.share.on):
+                self.cpu_block is not None and self._shareable and self.share.on
+                and not self.cpu_block.policy.guesses(layer)):
             return
         experts = self.routes.guess(layer, T, self.cache.resident(layer), self._ring.n)
         if experts:

@@ -37,6 +37,12 @@ class MeteredShare(SharePolicy):
         self._layer = layer
         return True
 
+    def peek_arm(self, layer: int) -> bool:
+        return True
+
+    def guesses(self, layer: int) -> bool:
+        return False
+
     def prime(self, c_ms: float, g_ms: float) -> bool:
         return self.meter.prime(c_ms, g_ms)
 
@@ -91,6 +97,22 @@ class GatedShare(MeteredShare):
             self.vetoed += 1
             return self.vetoed % PROBE == 0
         return arm
+
+    def peek_arm(self, layer: int) -> bool:
+        arm = self.gate.peek()
+        if arm and self.veto and self.meter.below_floor:
+            return (self.vetoed + 1) % PROBE == 0
+        return arm
+
+    def guesses(self, layer: int) -> bool:
+        """An unshared layer once the gate's verdict is "do not share", or the floor veto holds the share back: on
+        the H200, auto on qwen3's quarter cache 1.02/0.98/1.12x at 250/600/900 tokens against no guess beside the
+        share (bench/results/h200/auto_ab_q8_stop50.log); flash-shape's gate shares, and guesses nothing (1.00x).
+        Not while the gate explores or shares (its unshared arms are then its probes): guessing on every unshared
+        arm moved flash-shape's verdicts, and its 900-token prompt ran 0.88x (auto_peek_ab_stop50.log)."""
+        if self.peek_arm(layer) or self.gate.exploring():
+            return False
+        return not self.gate.gate or (self.veto and self.meter.below_floor)
 
     def end_layer(self, end: LayerEnd) -> Wanted:
         super().end_layer(end)
@@ -173,6 +195,12 @@ class SizedShare(SharePolicy):
 
     def begin_layer(self, layer: int) -> bool:
         return self.current.begin_layer(layer)
+
+    def peek_arm(self, layer: int) -> bool:
+        return self.current.peek_arm(layer)
+
+    def guesses(self, layer: int) -> bool:
+        return self.current.guesses(layer)
 
     def share(self, arm: bool) -> float:
         return self.current.share(arm)

@@ -63,10 +63,14 @@ class CpuGate:
     def exploring(self) -> bool:
         return len(self.ratios) < MIN_RATIOS
 
-    def begin_layer(self, layer: int) -> bool:
+    def peek(self) -> bool:
+        """The arm the next begin_layer gives, nothing changed (only readings and begin_layer move it)."""
         i = self.layers
+        return (i % 2 == 1) if self.exploring() else ((i % PROBE == 0) != self.gate)
+
+    def begin_layer(self, layer: int) -> bool:
+        arm = self.peek()
         self.layers += 1
-        arm = (i % 2 == 1) if self.exploring() else ((i % PROBE == 0) != self.gate)
         if self.first_layer is None:
             self.first_layer = layer
         self._open = (layer, arm)

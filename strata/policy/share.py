@@ -53,6 +53,18 @@ class SharePolicy:
     def begin_layer(self, layer: int) -> bool:  # arm: True = this layer may share
         return False
 
+    def peek_arm(self, layer: int) -> bool:
+        """What begin_layer(layer) would return now, changing nothing (between a layer's end and the next
+        begin_layer only end_layer runs, which moves no arm)."""
+        return False
+
+    def guesses(self, layer: int) -> bool:
+        """Whether the engine may stream `layer`'s likely experts before its routing sync (policy.guess): where the
+        layer will not share on a settled verdict, so that it runs as it would with the share off. Not where it
+        may share (the CPU picks after the sync), nor on an exploring gate's unshared arms, whose windows are the
+        share's yardstick."""
+        return not self.peek_arm(layer)
+
     def share(self, arm: bool) -> float:
         return 0.0
 
@@ -89,6 +101,12 @@ class FixedShare(SharePolicy):
 
     def begin_layer(self, layer: int) -> bool:
         return True
+
+    def peek_arm(self, layer: int) -> bool:
+        return True
+
+    def guesses(self, layer: int) -> bool:
+        return False
 
     def share(self, arm: bool) -> float:
         return self.fraction if arm else 0.0
