@@ -169,10 +169,9 @@ def test_a_decode_step_that_failed_leaves_the_decode_ring_usable(monkeypatch):
         assert np.array_equal(w.view(np.uint32), g.view(np.uint32)), f"step {i}"
 
 
-
 class _Arms:
     """A share policy whose i-th eligible layer's arm is pattern[i % len], a fixed share of 0.5 on an arm; `log`
-    gets each peek and begin_layer."""
+    gets each guesses() asked and begin_layer."""
 
     def __init__(self, pattern, log):
         from strata.policy.share import FixedShare
@@ -184,7 +183,7 @@ class _Arms:
 
     def guesses(self, layer):
         arm = self.pattern[self.i % len(self.pattern)]
-        self.log.append(("peek", layer, arm))
+        self.log.append(("asked", layer, arm))
         return not arm
 
     def begin_layer(self, layer):
@@ -208,9 +207,9 @@ def test_layers_the_share_leaves_unshared_guess(monkeypatch, pattern):
     c = m.cfg
     log, guess = [], mb.MoeBlock._guess
 
-    def logged(self, layer, T, **kw):
+    def logged(self, layer, T):
         before = self.stats.guessed
-        guess(self, layer, T, **kw)
+        guess(self, layer, T)
         if self.stats.guessed > before:
             log.append(("guess", layer, None))
     monkeypatch.setattr(mb.MoeBlock, "_guess", logged)
@@ -233,11 +232,11 @@ def test_layers_the_share_leaves_unshared_guess(monkeypatch, pattern):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
     assert e0.stats.guessed == 0 and e.stats.guessed > 0
     for j, (what, layer, arm) in enumerate(log):
-        if what == "guess":               # right after its layer's peek, which said unarmed
-            assert log[j - 1] == ("peek", layer, False), log[j - 1:j + 1]
-        elif what == "peek":              # the arm the layer's begin_layer then gives
+        if what == "guess":               # right after its layer's guesses(), asked while it was to be unarmed
+            assert log[j - 1] == ("asked", layer, False), log[j - 1:j + 1]
+        elif what == "asked":             # the arm the layer's begin_layer then gives
             assert next(x for x in log[j + 1:] if x[0] == "begin") == ("begin", layer, arm), log[j:j + 4]
-    peeks = [arm for what, _, arm in log if what == "peek"]
-    assert False in peeks and (True in peeks) == (True in pattern), peeks
+    asked = [arm for what, _, arm in log if what == "asked"]
+    assert False in asked and (True in asked) == (True in pattern), asked
     if True in pattern:
         assert e.cpu_block.stats["cpu_experts"] > 0, "no layer shared: the armed layers proved nothing"

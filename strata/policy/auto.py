@@ -40,9 +40,6 @@ class MeteredShare(SharePolicy):
     def peek_arm(self, layer: int) -> bool:
         return True
 
-    def guesses(self, layer: int) -> bool:
-        return False
-
     def prime(self, c_ms: float, g_ms: float) -> bool:
         return self.meter.prime(c_ms, g_ms)
 

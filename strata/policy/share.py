@@ -62,7 +62,7 @@ class SharePolicy:
         """Whether the engine may stream `layer`'s likely experts before its routing sync (policy.guess): where the
         layer will not share on a settled verdict, so that it runs as it would with the share off. Not where it
         may share (the CPU picks after the sync), nor on an exploring gate's unshared arms, whose windows are the
-        share's yardstick."""
+        share's yardstick. Here (no gate to settle): every unarmed layer."""
         return not self.peek_arm(layer)
 
     def share(self, arm: bool) -> float:
@@ -104,9 +104,6 @@ class FixedShare(SharePolicy):
 
     def peek_arm(self, layer: int) -> bool:
         return True
-
-    def guesses(self, layer: int) -> bool:
-        return False
 
     def share(self, arm: bool) -> float:
         return self.fraction if arm else 0.0
