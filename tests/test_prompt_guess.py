@@ -213,23 +213,32 @@ def test_layers_the_share_leaves_unshared_guess(monkeypatch, pattern):
         if self.stats.guessed > before:
             log.append(("guess", layer, None))
     monkeypatch.setattr(mb.MoeBlock, "_guess", logged)
-    outs, engines = [], []
+    outs, engines, hists = [], [], []
     with ExpertPool(workers=1) as pool:
-        for on in (False, True):
+        for on, rows_on_device in ((False, True), (True, False), (True, True)):
             dev = make_device("host")
             try:
                 e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK,
                               pool=pool, config=policy.Config(cpu_share=0.5, prompt_guess=on,
                                                               prompt_layer_major=False))
+                e.rows_on_device = rows_on_device
+                n, hist = [0], dev.k.route_hist
+                dev.k.route_hist = lambda *a, _h=hist, **kw: (n.__setitem__(0, n[0] + 1), _h(*a, **kw))[1]
                 log.clear()
                 e.cpu_block.swap(_Arms(pattern, log))
                 outs.append(prefill_each(e, _prompts(c.n_vocab)))
                 engines.append(e)
+                hists.append(n[0])
             finally:
                 dev.close()
-    e0, e = engines
-    for i, (a, b) in enumerate(zip(*outs)):
+    # an unarmed layer lays its rows out on the device (the share-off path), an armed one on the host; the host's
+    # layout (rows_on_device off) gives the same bits
+    unarmed = sum(1 for what, _, arm in log if what == "begin" and not arm)
+    assert hists[1] == 0 and hists[2] == unarmed > 0, (hists, unarmed)
+    e0, e = engines[0], engines[2]
+    for i, (a, h, b) in enumerate(zip(*outs)):     # guessing off, host rows, the tree's path
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"prompt {i}"
+        assert np.array_equal(h.view(np.uint32), b.view(np.uint32)), f"prompt {i}, host rows"
     assert e0.stats.guessed == 0 and e.stats.guessed > 0
     for j, (what, layer, arm) in enumerate(log):
         if what == "guess":               # right after its layer's guesses(), asked while it was to be unarmed

@@ -117,17 +117,21 @@ class MoeBlock:
         cb = self.cpu_block
         # the CPU share: routed-only walk of a prompt chunk, pool present (SPEC §4); decode misses (SPEC §8)
         share_layer = cb is not None and not self._decode and self._shareable and self.share.on
-        arm = False
+        arm = plain = False
         if share_layer:
+            # a layer the share's policy keeps unshared on a settled verdict (SharePolicy.guesses, asked before its
+            # begin_layer) runs as with the share off: its rows on the device, pre-sync groups where they are taken
+            plain = cb.policy.guesses(layer)
             arm = cb.begin_layer(layer, h, s)
+            assert not (plain and arm), f"layer {layer}: armed where the policy said it would not share"
         elif self._decode and cb is not None:
             dev.d2h(cb.x_host[:T], h, s)
         # a prompt layer's pairs get their rows on the device, from its copy of the routing (kernels.route_rows):
         # the sync brings back the counts only. Not where the host needs the pairs' rows (the CPU's experts, decode),
         # the ids may be gone (a deferred block's: the next chunk's router rewrote them) or the kernels cannot take
         # the layer's experts
-        on_dev = self.rows_on_device and ids_dev is not None and not self._decode and not share_layer and \
-            E <= k.route_max_experts
+        on_dev = self.rows_on_device and ids_dev is not None and not self._decode and (not share_layer or plain) \
+            and E <= k.route_max_experts
         nt = -(-P // ROUTE_TILE)
         if ids_dev is not None:
             if on_dev:

@@ -1,0 +1,58 @@
+"""In one process, CUDA only (stop 50, not yet run): auto's settled unshared layers on the share-off path (rows on the device, pre-sync groups)
+against the host rows (rows_on_device off: before this change, a chunk the share may take laid its rows on the host).
+Engines on one arena and pool: off; auto with every size class's gate preset to a settled 'do not share'; that with
+rows_on_device off.
+
+python bench/plain_rows_ab.py MODEL.gguf 250,600,900 ROUNDS"""
+import dataclasses, sys
+import numpy as np
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+from kernel_ab import AB
+from strata import models, policy
+from strata.accel.arena import Arena
+from strata.accel.cpu.pool import ExpertPool, default_workers
+from strata.accel.device.cuda import CudaDevice
+from strata.accel.engine import GpuEngine
+from strata.accel.memplan import budget_holding
+from strata.policy import size_class
+
+path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
+dev = CudaDevice(); m = models.load(path); c = m.cfg
+budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
+arena = Arena(m, dev)
+pool = ExpertPool(workers=max(1, default_workers() - 1))
+base = policy.from_process()
+mk = lambda share: GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=dataclasses.replace(base, cpu_share=share),
+                             arena=arena, pool=pool)
+e_off, e_set, e_nr = mk(0.0), mk(None), mk(None)
+e_nr.rows_on_device = False
+for e in (e_set, e_nr):
+    for L in lengths:
+        g = e.cpu_block.policy._class(size_class(L)).gate
+        g.ratios.extend([2.0] * 5)
+        g.gate = False
+
+
+class Arms(AB):
+    def __init__(self, a, b):
+        self.dev, self.m, self.rounds = dev, m, rounds
+        self.arms = {"old": (a, None), "new": (b, None)}
+
+    def use(self, md):
+        pass
+
+
+for label, a, b in (("auto settled, host rows (old) vs auto settled, the share-off path (new)", e_nr, e_set),
+                    ("share off (old) vs auto settled, the share-off path (new)", e_off, e_set)):
+    print(f"## {label}", flush=True)
+    Arms(a, b).prompts(lengths, np.random.default_rng(0))
+for name, e in (("off", e_off), ("auto settled", e_set), ("auto settled host rows", e_nr)):
+    s = e.stats
+    cb = e.cpu_block
+    cls = "" if e is e_off else "; " + ", ".join(
+        f"class {k}: gate {'share' if v.gate.gate else 'do not share'}, exploring {v.gate.exploring()}, "
+        f"layers {v.gate.layers}, vetoed {v.vetoed}" for k, v in sorted(cb.policy.by_class.items()))
+    print(f"{name}: guessed {s.guessed}, streamed {s.streamed_experts}, CPU experts "
+          f"{cb.stats.get('cpu_experts', 0) if cb else 0}, shared layers {cb.stats.get('shared_layers', 0) if cb else 0}"
+          f"{cls}", flush=True)
+pool.close()
