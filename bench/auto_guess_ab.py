@@ -9,7 +9,7 @@ python bench/auto_guess_ab.py MODEL.gguf 250,600,900 ROUNDS"""
 import dataclasses, os, sys
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_ab import AB
+from kernel_ab import EngineAB
 from strata import models, policy
 from strata.accel.arena import Arena
 from strata.accel.cpu.pool import ExpertPool, default_workers
@@ -30,19 +30,10 @@ e_old.cpu_block.policy.guesses = lambda layer: False
 print(f"pool {pool.workers} workers; share old {e_old.share}, new {e_new.share}, off {e_off.share}", flush=True)
 
 
-class Arms(AB):
-    def __init__(self, a, b):
-        self.dev, self.m, self.rounds = dev, m, rounds
-        self.arms = {"old": (a, None), "new": (b, None)}
-
-    def use(self, md):
-        pass
-
-
 for label, a, b in (("auto without guesses (old) vs auto guessing unshared layers (new)", e_old, e_new),
                     ("share off (old) vs auto guessing unshared layers (new)", e_off, e_new)):
     print(f"## {label}", flush=True)
-    Arms(a, b).prompts(lengths, np.random.default_rng(0))
+    EngineAB(dev, m, a, b, rounds).prompts(lengths, np.random.default_rng(0))
 for name, e in (("off", e_off), ("auto old", e_old), ("auto new", e_new)):
     s = e.stats
     cpu = e.cpu_block.stats.get("cpu_experts", 0) if e.cpu_block is not None else 0

@@ -105,3 +105,14 @@ class AB:
         print(f"  decode: old {np.median(tps['old']):.1f} tok/s  new {np.median(tps['new']):.1f} tok/s  new/old "
               f"x{np.median(tps['new']) / np.median(tps['old']):.3f} (per-round {rr.min():.3f}-{rr.max():.3f}); last "
               f"logits identical: {same}", flush=True)
+
+
+class EngineAB(AB):
+    """Two engines already built on one device and model as the arms (prompts() only): engines that differ in their
+    setup, not in a kernel (bench/auto_guess_ab.py, bench/plain_rows_ab.py)."""
+    def __init__(self, dev, m, old, new, rounds: int):
+        self.dev, self.m, self.rounds = dev, m, rounds
+        self.arms = {"old": (old, None), "new": (new, None)}
+
+    def use(self, md: str) -> None:
+        pass

@@ -7,7 +7,7 @@ python bench/plain_rows_ab.py MODEL.gguf 250,600,900 ROUNDS"""
 import dataclasses, sys
 import numpy as np
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-from kernel_ab import AB
+from kernel_ab import EngineAB
 from strata import models, policy
 from strata.accel.arena import Arena
 from strata.accel.cpu.pool import ExpertPool, default_workers
@@ -33,19 +33,10 @@ for e in (e_set, e_nr):
         g.gate = False
 
 
-class Arms(AB):
-    def __init__(self, a, b):
-        self.dev, self.m, self.rounds = dev, m, rounds
-        self.arms = {"old": (a, None), "new": (b, None)}
-
-    def use(self, md):
-        pass
-
-
 for label, a, b in (("auto settled, host rows (old) vs auto settled, the share-off path (new)", e_nr, e_set),
                     ("share off (old) vs auto settled, the share-off path (new)", e_off, e_set)):
     print(f"## {label}", flush=True)
-    Arms(a, b).prompts(lengths, np.random.default_rng(0))
+    EngineAB(dev, m, a, b, rounds).prompts(lengths, np.random.default_rng(0))
 for name, e in (("off", e_off), ("auto settled", e_set), ("auto settled host rows", e_nr)):
     s = e.stats
     cb = e.cpu_block
