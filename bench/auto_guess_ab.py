@@ -6,30 +6,15 @@ cores less one; kernel_ab.AB's prompts: arms alternating, medians, per-round rat
 autos' gates had the CPU take different experts (its q8 path).
 
 python bench/auto_guess_ab.py MODEL.gguf 250,600,900 ROUNDS"""
-import dataclasses, os, sys
+import os, sys
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_ab import EngineAB
-from strata import models, policy
-from strata.accel.arena import Arena
-from strata.accel.cpu.pool import ExpertPool, default_workers
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
+from kernel_ab import EngineAB, share_engines
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
-dev = CudaDevice(); m = models.load(path); c = m.cfg
-budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
-arena = Arena(m, dev)
-pool = ExpertPool(workers=max(1, default_workers() - 1))
-base = policy.from_process()
-mk = lambda share: GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=dataclasses.replace(base, cpu_share=share),
-                             arena=arena, pool=pool)
-e_off, e_old, e_new = mk(0.0), mk(None), mk(None)
+dev, m, pool, (e_off, e_old, e_new) = share_engines(path, (0.0, None, None))
 e_old.cpu_block.policy.guesses = lambda layer: False
 print(f"pool {pool.workers} workers; share old {e_old.share}, new {e_new.share}, off {e_off.share}", flush=True)
-
-
 for label, a, b in (("auto without guesses (old) vs auto guessing unshared layers (new)", e_old, e_new),
                     ("share off (old) vs auto guessing unshared layers (new)", e_off, e_new)):
     print(f"## {label}", flush=True)

@@ -116,3 +116,22 @@ class EngineAB(AB):
 
     def use(self, md: str) -> None:
         pass
+
+
+def share_engines(path: str, shares):
+    """Quarter-cache engines on one CUDA device, arena and CPU pool (one worker a core but one), one a CPU share
+    (None: auto, 0.0: off): (dev, model, pool, engines). The engines' configs are the process's but for the share."""
+    import dataclasses
+    from strata import models, policy
+    from strata.accel.arena import Arena
+    from strata.accel.cpu.pool import ExpertPool, default_workers
+    from strata.accel.device.cuda import CudaDevice
+    from strata.accel.engine import GpuEngine
+    from strata.accel.memplan import budget_holding
+    dev = CudaDevice(); m = models.load(path); c = m.cfg
+    budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
+    arena = Arena(m, dev)
+    pool = ExpertPool(workers=max(1, default_workers() - 1))
+    base = policy.from_process()
+    return dev, m, pool, [GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, arena=arena, pool=pool,
+                                    config=dataclasses.replace(base, cpu_share=sh)) for sh in shares]

@@ -4,35 +4,20 @@ Engines on one arena and pool: off; auto with every size class's gate preset to 
 rows_on_device off.
 
 python bench/plain_rows_ab.py MODEL.gguf 250,600,900 ROUNDS"""
-import dataclasses, sys
+import sys
 import numpy as np
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-from kernel_ab import EngineAB
-from strata import models, policy
-from strata.accel.arena import Arena
-from strata.accel.cpu.pool import ExpertPool, default_workers
-from strata.accel.device.cuda import CudaDevice
-from strata.accel.engine import GpuEngine
-from strata.accel.memplan import budget_holding
+from kernel_ab import EngineAB, share_engines
 from strata.policy import size_class
 
 path, lengths, rounds = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
-dev = CudaDevice(); m = models.load(path); c = m.cfg
-budget = budget_holding(m, 8200, int(0.25 * c.n_layer * c.n_expert))
-arena = Arena(m, dev)
-pool = ExpertPool(workers=max(1, default_workers() - 1))
-base = policy.from_process()
-mk = lambda share: GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, config=dataclasses.replace(base, cpu_share=share),
-                             arena=arena, pool=pool)
-e_off, e_set, e_nr = mk(0.0), mk(None), mk(None)
+dev, m, pool, (e_off, e_set, e_nr) = share_engines(path, (0.0, None, None))
 e_nr.rows_on_device = False
 for e in (e_set, e_nr):
     for L in lengths:
         g = e.cpu_block.policy._class(size_class(L)).gate
         g.ratios.extend([2.0] * 5)
         g.gate = False
-
-
 for label, a, b in (("auto settled, host rows (old) vs auto settled, the share-off path (new)", e_nr, e_set),
                     ("share off (old) vs auto settled, the share-off path (new)", e_off, e_set)):
     print(f"## {label}", flush=True)
