@@ -1,7 +1,7 @@
-"""In one process, CUDA only (stop 50, not yet run): auto's settled unshared layers on the share-off path (rows on the device, pre-sync groups)
-against the host rows (rows_on_device off: before this change, a chunk the share may take laid its rows on the host).
-Engines on one arena and pool: off; auto with every size class's gate preset to a settled 'do not share'; that with
-rows_on_device off.
+"""In one process, CUDA only (stop 50; run at stop 52, bench/results/h200/plain_rows_q8_stop52.log): auto's settled
+unshared layers on the share-off path (rows on the device, pre-sync groups) against the host rows (rows_on_device
+off: before this change, a chunk the share may take laid its rows on the host). Engines on one arena and pool: off;
+auto with every size class's gate preset to a settled 'do not share'; that with rows_on_device off.
 
 python bench/plain_rows_ab.py MODEL.gguf 250,600,900 ROUNDS"""
 import sys

@@ -176,21 +176,26 @@ def test_a_chunk_kept_off_stream_all_does_not_share(pool):
     assert "routed-only" in walks and e.cpu_block.stats["cpu_experts"] == 0, (walks, e.cpu_block.stats)
 
 
-@pytest.mark.parametrize("share, roused", [(0.3, 1), (0.0, 0)])
-def test_a_prompt_that_may_share_rouses_the_pool_first(share, roused, pool, monkeypatch):
-    """A prompt whose share is on wakes the pool's parked workers before its first layer (ExpertPool.rouse); with the
-    share off it leaves them be."""
+@pytest.mark.parametrize("share", [0.3, 0.0])
+def test_a_prompt_that_shares_rouses_the_pool_a_layer_ahead(share, pool, monkeypatch):
+    """A fixed share arms every eligible layer: the pool's parked workers are woken (ExpertPool.rouse) once before
+    each, the first at the chunk's start; with the share off they are left parked."""
     m = models.load(golden.model_path(NAMES[0]))
     ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][1])
-    calls = []
-    monkeypatch.setattr(pool, "rouse", lambda: calls.append(len(calls)))
+    log = []
+    monkeypatch.setattr(pool, "rouse", lambda: log.append("rouse"))
     dev = make_device("host")
     try:
         e = _engine(m, dev, pool, share, m.cfg.n_layer * m.cfg.n_expert // 4)
+        begin = e.cpu_block.begin_layer
+        monkeypatch.setattr(e.cpu_block, "begin_layer", lambda *a: (log.append("begin"), begin(*a))[1])
         e.prefill(ids)
     finally:
         dev.close()
-    assert len(calls) == roused
+    if share:
+        assert log.count("begin") > 1 and " ".join(log) == " ".join(["rouse begin"] * log.count("begin")), log
+    else:
+        assert "rouse" not in log and "begin" not in log, log
 
 
 @pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])

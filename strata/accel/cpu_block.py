@@ -111,6 +111,15 @@ class CpuBlock:
             policy.prime(*self.prior)
 
     # --- prefill: the share ------------------------------------------------------------------------------------
+    def rouse_ahead(self, layer: int) -> None:
+        """Wake the pool's parked workers a layer ahead of `layer` if the share will arm it (peek_arm): a parked
+        worker needs the GIL, which the engine thread holds while it issues after publishing a batch, and takes it
+        in the routing sync before (bench/pool_wake.py). Not for a layer left unshared: awake workers spin, then doze
+        in 50 us sleeps for 200 ms, and the engine thread issued 5-8% slower beside them on the H200
+        (bench/results/h200/doze_q8_stop52.log), which cost a settled "do not share" every prompt."""
+        if layer < self.cfg.n_layer and self.policy.peek_arm(layer):
+            self.pool.rouse()
+
     def begin_layer(self, layer: int, h, stream) -> bool:
         """Top of an eligible layer (routed-only walk, pool free): the arm; copies the input when it shares."""
         self.settle()

@@ -260,10 +260,6 @@ class GpuEngine(MoeBlock):
             self.stats.prompt_s += time.perf_counter() - t0
             return out if all_logits else out[-1]
         layout, ring, loan, group = self.plan.for_prompt(self.config, self.share, len(tokens))
-        if self.cpu_block is not None and self.share.on:
-            # a parked worker needs the GIL to wake, which this thread holds while it issues after publishing a batch
-            # (bench/pool_wake.py): woken now, workers take it in the blocking calls before the first layer's batch
-            self.pool.rouse()
         region = self._lend(loan)
         self.stats.loan_slots = loan
         try:
@@ -385,6 +381,7 @@ class GpuEngine(MoeBlock):
                 self._counted = [0, 0]         # this chunk counts its own (moe: entries, unrouted)
         if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
+            self.cpu_block.rouse_ahead(0)                       # the pool wakes for a first layer that shares
         self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
         self._ring, self._walk, self._pre = ring, None, None
         if walk is WalkKind.STREAM_ALL:

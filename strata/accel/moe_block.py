@@ -123,6 +123,7 @@ class MoeBlock:
             # begin_layer) runs as with the share off: its rows on the device, pre-sync groups where they are taken
             plain = cb.policy.guesses(layer)
             arm = cb.begin_layer(layer, h, s)
+            cb.rouse_ahead(layer + 1)        # the pool wakes in this layer's sync if the next one shares
             assert not (plain and arm), f"layer {layer}: armed where the policy said it would not share"
         elif self._decode and cb is not None:
             dev.d2h(cb.x_host[:T], h, s)
