@@ -135,3 +135,23 @@ def share_engines(path: str, shares):
     base = policy.from_process()
     return dev, m, pool, [GpuEngine(m, dev, n_ctx=8200, vram_budget=budget, arena=arena, pool=pool,
                                     config=dataclasses.replace(base, cpu_share=sh)) for sh in shares]
+
+
+def settle_gates(engines, lengths) -> None:
+    """Preset each engine's auto gate, in the size classes of `lengths`, to a settled "do not share" (five ratios of
+    2.0: no exploration, a probe 1 layer in 29), as on a machine where the CPU loses."""
+    from strata.policy import size_class
+    for e in engines:
+        for L in lengths:
+            g = e.cpu_block.policy._class(size_class(L)).gate
+            g.ratios.extend([2.0] * 5)
+            g.gate = False
+
+
+def share_line(e) -> str:
+    """An auto engine's CPU share so far: experts and layers the CPU took, each size class's gate."""
+    cb = e.cpu_block
+    return (f"CPU experts {cb.stats.get('cpu_experts', 0)}, shared layers {cb.stats.get('shared_layers', 0)}; "
+            + ", ".join(f"class {k}: gate {'share' if v.gate.gate else 'do not share'}, exploring "
+                        f"{v.gate.exploring()}, layers {v.gate.layers}, vetoed {v.vetoed}"
+                        for k, v in sorted(cb.policy.by_class.items())))

@@ -13,19 +13,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_ab import share_engines
-from strata.policy import size_class
+from kernel_ab import settle_gates, share_engines, share_line
 
 settled = "--settled" in sys.argv
 argv = [a for a in sys.argv if a != "--settled"]
 path, lengths, rounds = argv[1], [int(x) for x in argv[2].split(",")], int(argv[3])
 dev, m, pool, (e_off, e_old, e_new) = share_engines(path, (0.0, None, None))
 if settled:
-    for e in (e_old, e_new):
-        for L in lengths:
-            g = e.cpu_block.policy._class(size_class(L)).gate
-            g.ratios.extend([2.0] * 5)
-            g.gate = False
+    settle_gates((e_old, e_new), lengths)
 arms = {"off": (e_off, False), "auto, roused at the prompt (old)": (e_old, True), "auto (new)": (e_new, False)}
 
 
@@ -60,8 +55,5 @@ for L in lengths:
     print(f"  {L:5d}: " + ", ".join(f"{k} {np.median(v):.2f} ms" + (
         "" if k == "auto (new)" else f" (x{np.median(np.array(v) / new):.3f})") for k, v in t.items()), flush=True)
 for name, e in (("auto old", e_old), ("auto new", e_new)):
-    cb = e.cpu_block
-    print(f"{name}: CPU experts {cb.stats.get('cpu_experts', 0)}, shared layers {cb.stats.get('shared_layers', 0)}; "
-          + ", ".join(f"class {k}: gate {'share' if v.gate.gate else 'do not share'}, exploring {v.gate.exploring()}"
-                      for k, v in sorted(cb.policy.by_class.items())), flush=True)
+    print(f"{name}: {share_line(e)}", flush=True)
 pool.close()
