@@ -1,9 +1,10 @@
 """In one process, CUDA only (stop 52): the CPU pool roused a layer ahead of the layers the share arms (CpuBlock.
-rouse_ahead) against roused at every prompt's start (the engine before it), and the share off. Engines on one
-arena and pool: off; auto with the old rouse (the pool roused before each prompt); auto. Each prompt starts after
-0.3 s idle, so the pool is parked (its doze is 200 ms) and no arm's wake-up spills into the next. With
---settled, every size class's gate starts settled on "do not share" (five ratios of 2.0: no exploration, probes 1 in
-29), as on a machine where the CPU loses.
+rouse_ahead) against roused at every prompt's start (the engine before it), and the share off, parked and just
+after a rouse (what awake workers cost the engine thread; added after stop 52's runs, whose doze_q8_stop52.log read
+it with an ad hoc script). Engines on one arena and pool: off; auto with the old rouse (the pool roused before each
+prompt); auto. Each prompt starts after 0.3 s idle, so the pool is parked (its doze is 200 ms) and no arm's wake-up
+spills into the next. With --settled, every size class's gate starts settled on "do not share" (five ratios of 2.0:
+no exploration, probes 1 in 29), as on a machine where the CPU loses.
 
 python bench/rouse_ab.py MODEL.gguf 250,600,900 ROUNDS [--settled]"""
 import os
@@ -21,7 +22,8 @@ path, lengths, rounds = argv[1], [int(x) for x in argv[2].split(",")], int(argv[
 dev, m, pool, (e_off, e_old, e_new) = share_engines(path, (0.0, None, None))
 if settled:
     settle_gates((e_old, e_new), lengths)
-arms = {"off": (e_off, False), "auto, roused at the prompt (old)": (e_old, True), "auto (new)": (e_new, False)}
+arms = {"off": (e_off, False), "off, roused": (e_off, True), "auto, roused at the prompt (old)": (e_old, True),
+        "auto (new)": (e_new, False)}
 
 
 def timed(e, tokens, rouse: bool) -> float:
@@ -49,7 +51,7 @@ for L in lengths:
             timed(e, p, r)
     t = {k: [] for k in names}
     for i, p in enumerate(ps[3:]):
-        for k in names[i % 3:] + names[:i % 3]:
+        for k in names[i % len(names):] + names[:i % len(names)]:
             t[k].append(timed(arms[k][0], p, arms[k][1]))
     new = np.array(t["auto (new)"])
     print(f"  {L:5d}: " + ", ".join(f"{k} {np.median(v):.2f} ms" + (

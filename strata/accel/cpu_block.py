@@ -116,7 +116,8 @@ class CpuBlock:
         worker needs the GIL, which the engine thread holds while it issues after publishing a batch, and takes it
         in the routing sync before (bench/pool_wake.py). Not for a layer left unshared: awake workers spin, then doze
         in 50 us sleeps for 200 ms, and the engine thread issued 5-8% slower beside them on the H200
-        (bench/results/h200/doze_q8_stop52.log), which cost a settled "do not share" every prompt."""
+        (bench/results/h200/doze_q8_stop52.log; bench/rouse_ab.py's "off, roused" arm), which cost a settled "do not
+        share" every prompt."""
         if layer < self.cfg.n_layer and self.policy.peek_arm(layer):
             self.pool.rouse()
 
