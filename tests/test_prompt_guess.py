@@ -286,3 +286,37 @@ def test_the_pool_wakes_only_ahead_of_a_layer_that_shares(monkeypatch, pattern):
     assert all(arm == r for arm, r in spans), spans
     if True in pattern:
         assert e.cpu_block.stats["cpu_experts"] > 0, "no layer shared: the armed layers proved nothing"
+
+
+def test_an_unshared_layer_counts_its_streamed_experts_without_the_chooser(monkeypatch):
+    """An unarmed layer's share is 0 under every policy, so the engine asks the chooser only on armed layers (on the
+    H200's host it was 44 us of a settled "do not share" layer's ~120 us in the CPU block's calls:
+    bench/results/h200/gap_calls_q8_stop53.log); every eligible layer's LayerEnd still carries its nstream, the
+    routed non-resident experts (SPEC §6's divisor), counted here from the routing the engine reports."""
+    from strata.accel.cpu.pool import ExpertPool
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path(golden.golden_models()[0]))
+    c = m.cfg
+    log, chosen, want = [], [], []
+    with ExpertPool(workers=1) as pool:
+        dev = make_device("host")
+        try:
+            e = GpuEngine(m, dev, n_ctx=3 * CHUNK, expert_cache=c.n_layer * c.n_expert // 4, chunk=CHUNK, pool=pool,
+                          config=policy.Config(cpu_share=0.5, prompt_layer_major=False))
+            arms = _Arms((False, False, True), log)
+            arms.end_layer = lambda end: log.append(("end", end.layer, end.nstream)) or arms.inner.end_layer(end)
+            e.cpu_block.swap(arms)
+            choose = e.cpu_block.chooser.choose
+            monkeypatch.setattr(e.cpu_block.chooser, "choose", lambda *a: chosen.append(a[-1]) or choose(*a))
+            e.on_routing = lambda layer, ids: want.append(int(np.count_nonzero(
+                (np.bincount(ids.ravel(), minlength=c.n_expert) > 0) & ~e.cache.resident(layer))))
+            prefill_each(e, _prompts(c.n_vocab))
+        finally:
+            dev.close()
+    begun = [arm for what, _, arm in log if what == "begin"]
+    ends = [n for what, _, n in log if what == "end"]
+    assert len(begun) > 3 and False in begun and True in begun, begun
+    assert len(chosen) == sum(begun) and all(s == 0.5 for s in chosen), (chosen, begun)
+    assert ends == want, (ends, want)
+    assert sum(ends) > 0, "no layer streamed: the counts proved nothing"

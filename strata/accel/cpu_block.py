@@ -57,8 +57,8 @@ class CpuBlock:
         self.submitted = False            # a batch submitted to the pool's workers (the share, threaded)
         self.cpu_ms = 0.0
         self.stats = {"layers": 0, "cpu_experts": 0, "shared_layers": 0}
-        self.taken: list[tuple[int, tuple[int, ...]]] = []   # (layer, CPU experts) of the prefill layers, in order
-        self.last_cpu: dict[int, tuple[int, ...]] = {}        # layer -> the CPU's experts in the latest step
+        self.taken: dict[int, tuple[int, ...]] = {}     # layer -> the CPU's experts in its latest eligible layer
+        self.last_cpu: dict[int, tuple[int, ...]] = {}  # layer -> the CPU's experts in the latest step
         self.decode_frac = 0.5           # decode: the share of misses the CPU takes (cost model, below)
         self._c_ms = self._g_ms = None
         self._words = None               # the pool's control words as the device maps them (first share)
@@ -214,9 +214,10 @@ class CpuBlock:
                                             blobs.strides[0])
         return got
 
-    def gpu_done(self, stream) -> None:
-        """After the GPU's expert work is enqueued: the meter's window closes there."""
-        if self.auto:
+    def gpu_done(self, stream, lay) -> None:
+        """After the GPU's expert work is enqueued: the meter's window closes there. Only a layer whose CPU took
+        experts leaves the meter a sample (ShareMeter.wants_sample), so only there is the window read."""
+        if self.auto and lay.cpu:
             self.ev[self.parity][3].record(stream)
 
     def finish(self, layer: int, lay, nstream: int, dm, stream, eligible: bool) -> None:
@@ -240,9 +241,9 @@ class CpuBlock:
             if self.thread is not None:
                 self.thread.join()
                 self.thread = None
+        cpu = self.last_cpu[layer] = tuple(lay.cpu)
         if eligible:
-            self.taken.append((layer, tuple(lay.cpu)))
-        self.last_cpu[layer] = tuple(lay.cpu)
+            self.taken[layer] = cpu
         if lay.cpu:
             base = int(lay.off[lay.cpu[0]])
             n = sum(int(lay.cnt[e]) for e in lay.cpu)

@@ -163,13 +163,19 @@ class MoeBlock:
             n, u = unrouted_waste(cnt, resident)
             self._counted[0] += n
             self._counted[1] += u
-        cpu, nstream = (), 0
+        cpu, nstream = (), None
         if share_layer:
             cb.after_sync()
-            cpu, nstream = cb.choose(cnt, resident, arm)
+            if arm:
+                cpu, nstream = cb.choose(cnt, resident, arm)
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
+        if nstream is None:
+            # an unarmed layer's share is 0 under every policy (SharePolicy.share): nstream is its streamed count,
+            # without the chooser (44 us of the ~120 us a settled "do not share" layer spent in the CPU block's
+            # calls on the H200's host, where the share off spent ~8: bench/results/h200/gap_calls_q8_stop53.log)
+            nstream = int(parts[1].size)
         if inflight:                 # the experts whose copies are landing go last: the others compute meanwhile
             late = np.isin(parts[0], inflight)
             parts = (np.concatenate([parts[0][~late], parts[0][late]]), parts[1], parts[2])
@@ -277,7 +283,7 @@ class MoeBlock:
                 # Picked before the routing sync and issued after the combine, 0.988-0.997x (knobs_ab_q8_stop45.log)
                 self._guess(layer + 1, T)
         if share_layer:
-            cb.gpu_done(s)
+            cb.gpu_done(s, lay)
         elif self._decode and cb is not None and lay.cpu:
             cb.launch(layer, lay, s, threaded=False)                            # after the GPU work is queued
             cb.decode_sample(len(lay.cpu), self.plan.slot_bytes / (self.h2d_gbps * 1e6))

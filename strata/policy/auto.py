@@ -6,7 +6,7 @@ from __future__ import annotations
 from .env import Share, ShareMode
 from .gate import PROBE, CpuGate, GateReading
 from .meter import MARGIN, MeterSample, ShareMeter
-from .share import SHARE_POLICIES, LayerEnd, SharePolicy, ShareKind, Wanted
+from .share import NOTHING, SHARE_POLICIES, LayerEnd, SharePolicy, ShareKind, Wanted
 
 
 @SHARE_POLICIES.register(ShareKind.AUTO_UNGATED)
@@ -53,7 +53,7 @@ class MeteredShare(SharePolicy):
         return self.wants()
 
     def wants(self) -> Wanted:
-        return Wanted(gpu=self._sample is not None)
+        return Wanted.of(self._sample is not None, False)
 
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         self.folded = None
@@ -117,7 +117,7 @@ class GatedShare(MeteredShare):
         return self.wants()
 
     def wants(self) -> Wanted:
-        return Wanted(gpu=self._sample is not None, wall=self.gate.pending is not None)
+        return Wanted.of(self._sample is not None, self.gate.pending is not None)
 
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         super().readings(gpu_ms, wall_ms)
@@ -210,7 +210,7 @@ class SizedShare(SharePolicy):
         return want
 
     def wants(self) -> Wanted:
-        return self._owner.wants() if self._owner is not None else Wanted()
+        return self._owner.wants() if self._owner is not None else NOTHING
 
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         owner, self._owner, self.folded = self._owner, None, None

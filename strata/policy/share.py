@@ -31,6 +31,15 @@ class Wanted:
     gpu: bool = False  # the meter's window (CPU launch -> end of the GPU's experts)
     wall: bool = False  # the gate's window (before the routing sync -> before the combine)
 
+    @staticmethod
+    def of(gpu: bool, wall: bool) -> "Wanted":
+        """One of the four values, made once (asked two or three times an eligible layer, on the engine's chain)."""
+        return _WANTED[gpu][wall]
+
+
+_WANTED = ((Wanted(False, False), Wanted(False, True)), (Wanted(True, False), Wanted(True, True)))
+NOTHING = _WANTED[0][0]
+
 
 class ShareKind(Enum):
     OFF = "off"
@@ -69,11 +78,11 @@ class SharePolicy:
         return 0.0
 
     def end_layer(self, end: LayerEnd) -> Wanted:
-        return Wanted()
+        return NOTHING
 
     def wants(self) -> Wanted:
         """The device windows pending since the last end_layer (read them at the next routing sync)."""
-        return Wanted()
+        return NOTHING
 
     def readings(self, gpu_ms: float | None, wall_ms: float | None) -> GateReading | None:
         return None
