@@ -26,6 +26,17 @@ KERNELS = ("dequant", "gemm_grouped", "expert_rows", "swiglu", "linear", "rms_no
 DEVICE = ("h2d_rows", "d2h", "event", "empty")
 
 
+def call_timer(f, acc, name: str):
+    """f, with the wall seconds spent inside each call added to acc[name] (bench/share_calls.py uses it too)."""
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kw)
+        finally:
+            acc[name] += time.perf_counter() - t0
+    return timed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -57,13 +68,7 @@ def main():
     acc = collections.defaultdict(float)
 
     def timed(name, f):
-        def g(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return f(*args, **kw)
-            finally:
-                acc[name] += time.perf_counter() - t0
-        return g
+        return call_timer(f, acc, name)
 
     for name in KERNELS:
         setattr(k, name, timed("k." + name, getattr(k, name)))

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_breakdown import call_timer
 from kernel_ab import settle_gates, share_engines, share_line
 
 CALLS = ("begin_layer", "rouse_ahead", "after_sync", "choose", "launch", "gpu_done", "finish", "settle")
@@ -23,22 +24,10 @@ arms = {"off": e_off, "auto": e_auto}
 acc = {k: collections.defaultdict(float) for k in arms}
 
 
-def timer(obj, name, into):
-    f = getattr(obj, name)
-
-    def timed(*args, **kw):
-        t = time.perf_counter()
-        try:
-            return f(*args, **kw)
-        finally:
-            into[name] += time.perf_counter() - t
-    setattr(obj, name, timed)
-
-
 for k, e in arms.items():
-    for n in CALLS:
-        timer(e.cpu_block, n, acc[k])
-    timer(e, "_block", acc[k])
+    for obj, names in ((e.cpu_block, CALLS), (e, ("_block",))):
+        for n in names:
+            setattr(obj, n, call_timer(getattr(obj, n), acc[k], n))
 
 
 def run(e, tokens):

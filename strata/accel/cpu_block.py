@@ -148,8 +148,9 @@ class CpuBlock:
             if reading is not None:
                 self.log(reading.line())
 
-    def choose(self, cnt, resident, arm: bool) -> tuple[tuple[int, ...], int]:
-        choice = self.chooser.choose(cnt, resident, self.in_ram, self.policy.share(arm))
+    def choose(self, cnt, resident) -> tuple[tuple[int, ...], int]:
+        """An armed layer's CPU experts and nstream (an unarmed one's share is 0: the engine counts it alone)."""
+        choice = self.chooser.choose(cnt, resident, self.in_ram, self.policy.share(True))
         return choice.cpu, choice.nstream
 
     def launch(self, layer: int, lay, stream, threaded: bool) -> None:

@@ -167,7 +167,7 @@ class MoeBlock:
         if share_layer:
             cb.after_sync()
             if arm:
-                cpu, nstream = cb.choose(cnt, resident, arm)
+                cpu, nstream = cb.choose(cnt, resident)
         elif self._decode and cb is not None:
             cpu = cb.decode_split(np.flatnonzero((cnt > 0) & ~resident).tolist())
         parts = placement(cnt, resident, cpu)                                  # resident, streamed, CPU
