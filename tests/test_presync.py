@@ -107,14 +107,18 @@ def test_cuda_tables_are_the_rules():
     k, s = dev.k, dev.compute
     try:
         rng = np.random.default_rng(7)
+        # the last two: an order not by id (its residents shuffled), the most experts route_rows takes
         for E, K, T, J, G, few, frac in ((128, 8, 900, 2, 16, 8, 0.25), (60, 4, 37, 4, 3, 8, 0.6),
-                                         (512, 10, 1300, 2, 16, 8, 0.3), (8, 2, 5, 1, 8, 0, 1.0)):
+                                         (512, 10, 1300, 2, 16, 8, 0.3), (8, 2, 5, 1, 8, 0, 1.0),
+                                         (96, 6, 400, 4, 4, 8, 0.7), (k.route_max_experts, 8, 600, 4, 16, 8, 0.5)):
             ids = np.stack([rng.choice(E, K, replace=False, p=_skew(rng, E)) for _ in range(T)]).astype(np.int32)
             P, nt = T * K, -(-T * K // ROUTE_TILE)
             hist = dev.zeros((nt, E), np.int32)
             k.route_hist(hist, dev.asarray(ids.reshape(-1)), P, s)
             resident = rng.random(E) < frac
             res_ids = np.flatnonzero(resident)
+            if E == 96:
+                res_ids = rng.permutation(res_ids)
             guessed = rng.permutation(np.flatnonzero(~resident))[:5]
             order = np.concatenate([res_ids, guessed]).astype(np.int64)
             bm = 128 if E == 128 else 64
@@ -277,3 +281,4 @@ def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_s
     assert L > 1
     assert calls == {(n_pairs, None): L, (n_pairs // 2, None): 0, (n_pairs // 2, (len(ids), len(ids))): L,
                      (n_pairs // 2, (len(ids), len(ids) + 1)): (L + 1) // 2}, calls
+

@@ -65,7 +65,7 @@ class CudaPresyncKernels:
         words[nc:] = np.asarray(offs, np.uint64)
         self._send(off, nbytes, stream)
         dev = self._st(stream).dbase + off
-        shared = 4 * (2 * s.E + 3 * J * s.G + 2 * J)
+        shared = 4 * (6 * s.E + 3 * J * s.G + 2 * J + 32)   # route_kernels.cu plan_groups' arrays
         self._route_fn("plan_groups")(
             (1,), (PLAN_THREADS,),
             (np.uint64(pt.off), np.uint64(pt.ptrs), np.uint64(pt.tiles), np.uint64(pt.spans), hist, np.int32(nt),

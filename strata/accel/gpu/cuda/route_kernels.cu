@@ -62,78 +62,129 @@ extern "C" __global__ void __launch_bounds__(RT_TILE) route_rows(int* slot, int*
     }
 }
 
+// Exclusive prefix sums of v[0 .. n) in place; returns the total. Every thread of the block calls it (blockDim a
+// multiple of 32, at most 1024); wsum: 32 ints of shared memory. Thread t sums a run of consecutive entries, a warp
+// scan and a scan of the warps' totals give each run its start.
+__device__ __forceinline__ int block_scan(int* v, int n, int* wsum) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int per = (n + blockDim.x - 1) / blockDim.x, a = min(n, tid * per), b = min(n, a + per);
+    int sum = 0;
+    for (int i = a; i < b; i++) sum += v[i];
+    int x = sum;                                                        // inclusive, within the warp
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? wsum[lane] : 0;
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, d);
+            if (lane >= d) w += y;
+        }
+        if (lane < nw) wsum[lane] = w;                                  // inclusive, over the warps
+    }
+    __syncthreads();
+    int run = x - sum + (warp > 0 ? wsum[warp - 1] : 0);
+    for (int i = a; i < b; i++) {
+        const int c = v[i];
+        v[i] = run;
+        run += c;
+    }
+    const int total = wsum[nw - 1];
+    __syncthreads();                                                    // wsum is the next call's
+    return total;
+}
+
 // Before a prompt layer's routing sync (presync.py states the rule, plan_host is it on the host): from the counts
 // (hist's first nt tiles), off [E] <- each routed expert's first row, order[0 .. n_order) first, the others by id
 // (0 for the unrouted); and J launch groups, G a group in row order: groups [0, J1) over the routed experts among
 // order[0 .. nc1), groups [J1, J) over those among order[nc1 .. nc). ptrs [J][2][W][G] (set 0 every member's blob
 // + offs[w], set 1 the same where the member takes the GEMM, else 0), tiles [J][sf + sg][3] (g, r0, r1):
 // expert_rows' of rows_tile rows, then the GEMM's of bm rows, each padded with (0, 0, 0) to nf / ng (the launches'
-// grids), spans [J][2] the group's rows. One block: thread 0 walks the order (at most E experts, J·G members), then
-// the threads write the tables.
+// grids), spans [J][2] the group's rows. order holds distinct experts. One block: the row order's offsets and the
+// groups' members by prefix sums over the E positions of that order, a group's tiles by one thread each, then the
+// threads write the tables. One thread walking the order did it in 19-21 us a call with its upload's pull at
+// qwen3's shape, this in 13 (bench/plan_groups_ab.py, bench/results/h200/plan_ab_q8_stop54.log).
 extern "C" __global__ void __launch_bounds__(256) plan_groups(
         int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, int nt, int E,
         const int* order, int n_order, int nc1, int nc, const unsigned long long* cptr, const unsigned long long* offs,
         int W, int J1, int J, int G, int few_rows, int rows_tile, int bm, int sf, int sg, int nf, int ng) {
     extern __shared__ int sh[];
-    int* cnt = sh;                      // [E]
-    int* pos = cnt + E;                 // [E] position in order, -1 past it
-    int* memb = pos + E;                // [J·G] each member's index into order, -1 for none
+    int* cnt = sh;                      // [E] pairs of each expert
+    int* pos = cnt + E;                 // [E] position in order, -1 past it; then a class's member ranks
+    int* seq = pos + E;                 // [E] the expert at each position of the row order
+    int* sc = seq + E;                  // [E] its pairs
+    int* so = sc + E;                   // [E] its first row
+    int* k2 = so + E;                   // [E] the second class's member ranks
+    int* memb = k2 + E;                 // [J·G] each member's index into order, -1 for none
     int* mst = memb + J * G;            // [J·G] its first row
     int* mtb = mst + J * G;             // [J·G] its first tile in its group's table
     int* gsz = mtb + J * G;             // [J][2] tiles a group's two tables hold
+    int* wsum = gsz + 2 * J;            // [32] block_scan's
     const int tid = threadIdx.x, JG = J * G, ts = sf + sg;
     for (int e = tid; e < E; e += blockDim.x) {
-        int c = 0;
-        for (int t = 0; t < nt; t++) c += hist[(long long)t * E + e];
-        cnt[e] = c;
+        cnt[e] = 0;
         pos[e] = -1;
     }
+    for (int q = tid; q < JG; q += blockDim.x) memb[q] = -1;
     __syncthreads();
+    for (int x = tid; x < nt * E; x += blockDim.x) atomicAdd(&cnt[x % E], hist[x]);   // integer: any order
     for (int i = tid; i < n_order; i += blockDim.x) pos[order[i]] = i;
     __syncthreads();
-    if (tid == 0) {
-        for (int q = 0; q < JG; q++) memb[q] = -1;
-        int s = 0, n1 = 0, n2 = J1 * G;                   // the next member slot of each class
-        for (int i = 0; i < n_order; i++) {
-            const int e = order[i], c = cnt[e];
-            off[e] = c > 0 ? s : 0;
-            if (c > 0 && i < nc1 && n1 < J1 * G) {
-                memb[n1] = i;
-                mst[n1++] = s;
-            } else if (c > 0 && i >= nc1 && i < nc && n2 < JG) {
-                memb[n2] = i;
-                mst[n2++] = s;
-            }
-            s += c;
+    // the experts past the order, by id: their ranks among those
+    for (int e = tid; e < E; e += blockDim.x) so[e] = pos[e] < 0;
+    __syncthreads();
+    block_scan(so, E, wsum);
+    for (int i = tid; i < n_order; i += blockDim.x) seq[i] = order[i];
+    for (int e = tid; e < E; e += blockDim.x)
+        if (pos[e] < 0) seq[n_order + so[e]] = e;
+    __syncthreads();
+    for (int i = tid; i < E; i += blockDim.x) {
+        const int c = cnt[seq[i]];
+        sc[i] = so[i] = c;
+        pos[i] = c > 0 && i < nc1;                                      // the first class's members
+        k2[i] = c > 0 && i >= nc1 && i < nc;                            // the second's
+    }
+    __syncthreads();
+    block_scan(so, E, wsum);
+    block_scan(pos, E, wsum);
+    block_scan(k2, E, wsum);
+    for (int i = tid; i < E; i += blockDim.x) {
+        const int c = sc[i];
+        off[seq[i]] = c > 0 ? so[i] : 0;
+        if (c > 0 && i < nc1 && pos[i] < J1 * G) {
+            memb[pos[i]] = i;
+            mst[pos[i]] = so[i];
+        } else if (c > 0 && i >= nc1 && i < nc && J1 * G + k2[i] < JG) {
+            memb[J1 * G + k2[i]] = i;
+            mst[J1 * G + k2[i]] = so[i];
         }
-        for (int e = 0; e < E; e++)
-            if (pos[e] < 0) {
-                off[e] = cnt[e] > 0 ? s : 0;
-                s += cnt[e];
+    }
+    __syncthreads();
+    for (int j = tid; j < J; j += blockDim.x) {
+        int nfj = 0, ngj = 0, q1 = j * G - 1;             // q1: the group's last member
+        for (int q = j * G; q < (j + 1) * G && memb[q] >= 0; q1 = q++) {
+            const int c = sc[memb[q]];
+            if (c <= few_rows) {
+                mtb[q] = nfj;
+                nfj += (c + rows_tile - 1) / rows_tile;
+            } else {
+                mtb[q] = ngj;
+                ngj += (c + bm - 1) / bm;
             }
-        for (int j = 0; j < J; j++) {
-            int nfj = 0, ngj = 0, q1 = j * G - 1;         // q1: the group's last member
-            for (int q = j * G; q < (j + 1) * G && memb[q] >= 0; q1 = q++) {
-                const int c = cnt[order[memb[q]]];
-                if (c <= few_rows) {
-                    mtb[q] = nfj;
-                    nfj += (c + rows_tile - 1) / rows_tile;
-                } else {
-                    mtb[q] = ngj;
-                    ngj += (c + bm - 1) / bm;
-                }
-            }
-            gsz[2 * j] = nfj;
-            gsz[2 * j + 1] = ngj;
-            const int q0 = j * G;
-            spans[2 * j] = q0 <= q1 ? mst[q0] : 0;
-            spans[2 * j + 1] = q0 <= q1 ? mst[q1] + cnt[order[memb[q1]]] : 0;
         }
+        gsz[2 * j] = nfj;
+        gsz[2 * j + 1] = ngj;
+        const int q0 = j * G;
+        spans[2 * j] = q0 <= q1 ? mst[q0] : 0;
+        spans[2 * j + 1] = q0 <= q1 ? mst[q1] + sc[memb[q1]] : 0;
     }
     __syncthreads();
     for (int q = tid; q < JG; q += blockDim.x) {
         const int j = q / G, p = q - j * G, i = memb[q];
-        const int c = i >= 0 ? cnt[order[i]] : 0;
+        const int c = i >= 0 ? sc[i] : 0;
         const unsigned long long base = i >= 0 ? cptr[i] : 0ull;
         for (int w = 0; w < W; w++) {
             ptrs[((long long)(2 * j) * W + w) * G + p] = i >= 0 ? base + offs[w] : 0ull;
