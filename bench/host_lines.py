@@ -1,14 +1,17 @@
 """Diagnostic, CUDA only: the host's time statement by statement on a prompt's path (line_clock.py: a clock reading
 after every statement of the functions below), on bench/prefill.py's quarter-cache engine, share off, medians of
-ROUNDS random prompts of TOKENS tokens after three warm-up ones. Two views:
+ROUNDS random prompts of TOKENS tokens after three warm-up ones. Three views:
 
 - window: each statement's us inside a layer's window after its routing sync (from the sync's return to the gather's
   launch: the GPU idle), summed over its calls there, the median per layer averaged over layers 0-2 and over the rest
   (qwen3's synthesised model routes nearly every expert in its first layers, few in the others);
+- presync: the same, inside a layer's block from its entry to its routing sync (the counts' download, the pre-sync
+  groups' plan, rows, gather and launches where presync.takes_pre says: the GPU waits for them once it has run the
+  layer's dense part);
 - start: the host's timeline from GpuEngine._prefill's entry to layer 0's routing sync (the GPU idle until its first
   launches), each reading's ms from the entry and us since the one before (those of 8 us or more).
 
-python bench/host_lines.py MODEL.gguf TOKENS ROUNDS window|start"""
+python bench/host_lines.py MODEL.gguf TOKENS ROUNDS window|presync|start"""
 import collections
 import sys
 import time
@@ -22,8 +25,21 @@ from strata.accel.gpu import cuda_kernels as CK
 from strata.models import common as CM
 
 path, L, R, view = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-assert view in ("window", "start"), "window or start"
-if view == "window":
+assert view in ("window", "presync", "start"), "window, presync or start"
+if view == "presync":
+    from strata.accel.gpu import cuda_presync as CP
+    LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MB.MoeBlock, "_issue_pre", "_issue_pre"),
+                           (CP.CudaPresyncKernels, "plan_groups", "plan_groups"),
+                           (MO.ExpertRunner, "group_pre", "group_pre"), (CK.CudaKernels, "_send", "_send"),
+                           (CK.CudaKernels, "_room", "_room"), (CK.CudaKernels, "route_hist", "route_hist"),
+                           (CK.CudaKernels, "route_rows", "route_rows"), (ST.Walk, "acquire", "acquire")])
+    _inner = MB.MoeBlock._block
+
+    def _entry(self, *a, **kw):
+        LC.CKS.append(("ENTRY", 0, LC.pc()))
+        return _inner(self, *a, **kw)
+    MB.MoeBlock._block = _entry
+elif view == "window":
     LC.instrument_module_funcs([(MO, "placement", "placement"), (MO, "row_layout", "row_layout"),
                                 (MO, "row_order", "row_order")])
     LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MO.ExpertRunner, "tables", "tables"),
@@ -86,6 +102,31 @@ if view == "window":
                       reverse=True)
         print(f"== {tag}: us a window, the median per layer, averaged over the layers")
         for v, (lab, ln) in rows[:40]:
+            if v >= 1.5 or lab == "WINDOW":
+                print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
+elif view == "presync":
+    sync = at("t_sync = time.perf_counter()")
+    acc = collections.defaultdict(list)                  # (layer, (label, line)) -> us per window, one per run
+    for _, cks in runs:
+        layer, per, prev = -1, None, 0.0
+        for lab, ln, t in cks:
+            if lab == "ENTRY":
+                layer, per, prev = layer + 1, collections.Counter(), t
+                continue
+            if per is not None:
+                per[(lab, ln)] += (t - prev) * 1e6 - LC.PC_COST
+                prev = t
+                if lab == "block" and ln == sync:
+                    for k, v in per.items():
+                        acc[(layer, k)].append(v)
+                    acc[(layer, ("WINDOW", 0))].append(sum(per.values()))
+                    per = None
+    for layers, tag in ((range(0, 3), "layers 0-2"), (range(3, c.n_layer), f"layers 3-{c.n_layer - 1}")):
+        keys = {k for (l, k) in acc if l in layers}
+        rows = sorted(((np.mean([np.median(acc[(l, k)]) for l in layers if (l, k) in acc]), k) for k in keys),
+                      reverse=True)
+        print(f"== {tag}: us from the block's entry to its routing sync, the median per layer, averaged over the layers")
+        for v, (lab, ln) in rows[:45]:
             if v >= 1.5 or lab == "WINDOW":
                 print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
 else:

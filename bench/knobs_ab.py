@@ -27,7 +27,8 @@ KNOBS = {"rows_on_device": lambda e, v: setattr(e, "rows_on_device", bool(int(v)
          "pre_groups": lambda e, v: setattr(e, "pre_groups", int(v)),
          "pre_guessed": lambda e, v: setattr(e, "pre_guessed", int(v)),
          "pre_min_tokens": lambda e, v: setattr(e, "pre_min_tokens", int(v)),
-         "pre_wide_tokens": lambda e, v: setattr(e, "pre_wide_tokens", int(v))}
+         "pre_wide_tokens": lambda e, v: setattr(e, "pre_wide_tokens", int(v)),
+         "pre_graphs": lambda e, v: setattr(e, "pre_graphs", e.pre_graphs if int(v) else None)}
 
 
 def knobs(spec: str) -> list[tuple[str, str]]:

@@ -301,6 +301,9 @@ def main():
     if pg is not None:
         print(f"prompt graphs (quarter cache): {pg.captures} segments captured in {pg.capture_s * 1e3:.1f} ms, "
               f"{pg.replays} replayed, {pg.eager} run eagerly")
+        gg = eq.pre_graphs
+        print(f"pre-sync group graphs (quarter cache): {gg.captures} captured, {gg.replays} replayed, {gg.eager} run "
+              f"eagerly")
     else:
         print("prompt graphs: off (STRATA_PROMPT_GRAPH=0, or a head size the graphs do not take)")
     print(f"guessed walks (quarter cache): {eq.stats.guessed} experts streamed before their layer's routing sync, "

@@ -282,3 +282,42 @@ def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_s
     assert calls == {(n_pairs, None): L, (n_pairs // 2, None): 0, (n_pairs // 2, (len(ids), len(ids))): L,
                      (n_pairs // 2, (len(ids), len(ids) + 1)): (L + 1) // 2}, calls
 
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pre_sync_group_graphs_replay_the_launches(kind):
+    """presync.PreGraphs: a prompt met three times runs its layers' pre-sync groups eagerly, then captures them,
+    then replays them. With up to four groups a layer of two experts each (two groups of guessed experts), the cache
+    holding all or a quarter of the experts, and prompts of another length between them (other keys), the logits
+    have the bits of the engine that launches the groups one by one."""
+    from strata.accel.engine import GpuEngine
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    tok = Tokenizer.from_metadata(m.metadata)
+    a, b = (tok.encode(t) for t in golden.load_prompts()[0][:2])
+    assert len(a) != len(b)
+    seq = [a, a, b, a, b, a, b]
+    n_pairs = m.cfg.n_layer * m.cfg.n_expert
+    for cached in (n_pairs, n_pairs // 4):
+        outs, counts = {}, None
+        for graphs in (False, True):
+            dev = _device(kind)
+            try:
+                e = GpuEngine(m, dev, n_ctx=max(len(a), len(b)) + 4, expert_cache=cached, prompt_groups=(2,))
+                e.pre_groups, e.pre_guessed = 2, 2
+                e.pre_min_tokens = e.pre_wide_tokens = 0
+                if not graphs:
+                    e.pre_graphs = None
+                got = []
+                for p in seq:
+                    e.reset()
+                    got.append(e.prefill(p, all_logits=True))
+                outs[graphs] = got
+                if graphs:
+                    pg = e.pre_graphs
+                    counts = pg.eager, pg.captures, pg.replays
+            finally:
+                dev.close()
+        for i, (x, y) in enumerate(zip(outs[False], outs[True])):
+            assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), (cached, i)
+        eager, captures, replays = counts
+        assert eager and captures and replays > captures, (cached, counts)

@@ -25,6 +25,7 @@ from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUP
                                   VramShortfall, plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
+from strata.accel.presync import PreGraphs
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
@@ -109,6 +110,8 @@ class GpuEngine(MoeBlock):
         self.ops.moe = self.moe
         # a prompt chunk's dense parts as captured graphs (prompt_graph.py); None: issued op by op
         self.pgraphs = prompt_graph.PromptGraphs(dev, c, p.chunk, n_ctx) if graphs else None
+        # and a prompt layer's pre-sync launch groups (presync.PreGraphs); None: launched one by one
+        self.pre_graphs = PreGraphs(dev) if graphs else None
         # the CPU expert pool: decode misses, and the prefill share where it qualifies (CUDA, one GPU; SPEC §4)
         self.pool = pool
         self.share = self.config.share(qualifies=dev.kind == "cuda" and pool is not None)
@@ -382,7 +385,7 @@ class GpuEngine(MoeBlock):
         if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
             self.cpu_block.rouse_ahead(0)                       # the pool wakes for a first layer that shares
-        self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows)
+        self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows, self.pre_graphs)
         self._ring, self._walk, self._pre = ring, None, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata.accel.presync import where
 from strata.accel.rows_host import group_rows, layout, order_layout, split_routed
 from strata.policy.stream import resident_runs
 
@@ -98,8 +99,10 @@ class GroupTables:
 class ExpertRunner:
     """Computes groups of experts into Dm. Owns the fp16 weight scratch; knows each layer's blob layout."""
 
-    def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs, few_rows: int = FEW_ROWS):
+    def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs, few_rows: int = FEW_ROWS,
+                 graphs=None):
         self.dev, self.k, self.cfg, self.bufs = dev, dev.k, cfg, bufs
+        self.graphs, self._where = graphs, None       # the engine's presync.PreGraphs, or None: launched one by one
         self.types = layer_types
         self.offsets = [blob_offsets(cfg, t) for t in layer_types]
         self.few_rows = few_rows
@@ -142,7 +145,37 @@ class ExpertRunner:
         """Enqueue a pre-sync group (presync.PreGroup g, tables the device made from the routing): the same launches
         as `group`, over grids of its capacity whose blocks past the device's tiles exit, the scratch indexed by
         member (a member that takes expert_rows has no many-row pointer, so dequant leaves its scratch alone).
-        `read`: an event to record once the members' blobs are read (the last launch that reads them)."""
+        `read`: an event to record once the members' blobs are read (the last launch that reads them). With the
+        engine's PreGraphs the launches go as graphs (presync.PreGraphs), `read` recorded between two of them; not
+        where gate and up differ in type (their dequantisation takes a temporary)."""
+        s, tg, tu = self.dev.compute, *self.types[layer][:2]
+        gr = self.graphs
+        if gr is None or tg != tu:
+            self._pre_first(layer, g)
+            if read is not None:
+                read.record(s)
+            self._pre_last(layer, g)
+            return
+        if self._where is None:                   # the chunk's buffers: one key part for all its groups
+            b = self.bufs
+            self._where = where((b.w_gu, b.gu, b.xg, b.hh, b.dm, b.w_d, b.rows))
+        try:
+            hash(g)                               # CUDA's tables: addresses and sizes
+        except TypeError:                         # the twin's: arrays
+            g_key = where(g)
+        else:
+            g_key = g
+        key = (self._where, self.types[layer], g_key)
+        if read is None:
+            gr.run(key + (0,), lambda: (self._pre_first(layer, g), self._pre_last(layer, g)))
+            return
+        gr.run(key + (1,), lambda: self._pre_first(layer, g))
+        read.record(s)                            # a new event each group: recorded outside the graphs
+        if g.ng:
+            gr.run(key + (2,), lambda: self._pre_last(layer, g))
+
+    def _pre_first(self, layer: int, g) -> None:
+        """group_pre's launches up to the last that reads the members' blobs."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F = self.cfg.n_embd, self.cfg.n_ff_exp
         tg, tu, td = self.types[layer]
@@ -164,10 +197,11 @@ class ExpertRunner:
         k.swiglu_span(b.hh, b.gu, g.span, F, b.rows, s)                          # H = silu(G) · U
         if g.nf:
             k.expert_rows(b.dm, b.hh, g.few[2], g.tf, g.nf, td, D, F, s)
-        if read is not None:                      # the members' blobs are read: their ring slots may take copies
-            read.record(s)
+
+    def _pre_last(self, layer: int, g) -> None:
+        """group_pre's down GEMM, from the dequantised scratch: after the members' blobs are read."""
         if g.ng:
-            k.gemm_grouped(b.dm, b.hh, b.w_d, g.tg, g.ng, s, g.bm)                # Dm[rows] = H[rows] · Wdᵀ
+            self.k.gemm_grouped(self.bufs.dm, self.bufs.hh, self.bufs.w_d, g.tg, g.ng, self.dev.compute, g.bm)
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
         """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for

@@ -26,7 +26,7 @@ twin give its tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Callable
 
 import numpy as np
@@ -168,3 +168,73 @@ class PreGroup:
     ng: int
     bm: int
     span: object
+
+
+PRE_GRAPHS_MAX = 256   # pre-sync group graphs an engine keeps (prompt lengths and loans give their tables new homes)
+
+
+def where(x) -> object:
+    """A hashable stand-in for what a launch reads: ints as they are, device arrays (CUDA or the twin's) by address,
+    shape and strides, tuples item by item."""
+    if x is None or isinstance(x, (bool, int, float, str, np.integer)):
+        return x
+    if isinstance(x, (tuple, list)):
+        return tuple(where(v) for v in x)
+    if is_dataclass(x):
+        return (type(x).__name__,) + tuple(where(getattr(x, f.name)) for f in fields(x))
+    ai = getattr(x, "__cuda_array_interface__", None) or getattr(x, "__array_interface__", None)
+    if ai is None:
+        raise TypeError(f"{type(x).__name__}: not a launch argument presync.where knows")
+    return ai["data"][0], tuple(ai["shape"]), ai.get("strides")
+
+
+class PreGraphs:
+    """A pre-sync group's launches (ExpertRunner.group_pre: dequantisation, expert_rows, GEMMs, SwiGLU, ~8 a group)
+    as graphs replayed with one launch. Their arguments are the chunk's buffers and the group's device tables, which
+    plan_groups rewrites on the device before each run, so a key of those addresses (and the grids' sizes) meets
+    the same launches again. Why: on the H200's host those launches took ~150 us of a narrow layer's ~420 us from its
+    block's entry to its routing sync at 900 tokens, while the GPU, done with the layer's dense part, waited
+    (bench/results/h200/presync_lines_900_stop54.log). As prompt_graph.py's segments: a key's first run is eager,
+    its second captured, later ones replayed; a capture allocates nothing (its region is too small: an allocation
+    fails it)."""
+
+    def __init__(self, dev, most: int = PRE_GRAPHS_MAX):
+        self.dev, self.most = dev, most
+        self.region = dev.empty((1,), np.uint8)
+        self.graphs: dict = {}
+        self.seen: dict = {}                  # key -> capturable (False once a capture of it allocated)
+        self.captures = self.replays = self.eager = 0
+
+    def run(self, key, fn) -> None:
+        """fn() enqueues the launches on the compute stream: run, captured or replayed as the key was met."""
+        g = self.graphs.get(key)
+        if g is not None:
+            g.launch()
+            self.replays += 1
+            return
+        if not self.seen.get(key, False):
+            if key not in self.seen and len(self.seen) >= self.most:   # keys that never came back: forget them
+                self.seen.clear()
+            self.seen.setdefault(key, True)
+            fn()
+            self.eager += 1
+            return
+        if len(self.graphs) >= self.most:
+            self.graphs.clear()
+        dev = self.dev
+        dev.begin_segment(self.region, capture=True)
+        try:
+            fn()
+        except MemoryError:                        # it allocates: run it as it is from now on
+            dev.end_segment()
+            self.seen[key] = False
+            fn()
+            self.eager += 1
+            return
+        except BaseException:
+            dev.end_segment()
+            raise
+        graph, _, _ = dev.end_segment()
+        self.graphs[key] = graph
+        graph.launch()                             # the capture ran nothing
+        self.captures += 1

@@ -70,7 +70,7 @@ class Config:
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
     dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
     decode_graph: bool = True              # STRATA_DECODE_GRAPH: single-token decode as one captured graph (SPEC §8)
-    prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts as captured segments (ours)
+    prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts, pre-sync groups as graphs
     prompt_guess: bool = True              # STRATA_PROMPT_GUESS: stream a layer's likely experts before its routing
                                            # sync (policy.guess, ours)
     prompt_layer_major: bool = True        # STRATA_PROMPT_LAYER_MAJOR: a prompt of several chunks layer by layer, each

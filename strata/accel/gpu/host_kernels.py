@@ -31,6 +31,8 @@ class _PreTables:
 class HostKernels(Kernels):
     def __init__(self, dev):
         self.dev = dev
+        self._pre = {}            # (buffer's address, shape) -> _PreTables: as on CUDA, the tables live at the buffer
+
 
     def _run(self, stream, fn):
         stream._put(fn)
@@ -77,8 +79,14 @@ class HostKernels(Kernels):
     # --- a layer's cache hits before its routing sync -----------------------------------------------------------
     def pre_tables(self, buf, shape):
         s = shape
-        return _PreTables(s, np.zeros(s.E, np.int32), np.full((s.J, 2, s.W, s.G), None, object),
-                          np.zeros((s.J, s.ts, 3), np.int32), np.zeros((s.J, 2), np.int32))
+        key = (buf.__array_interface__["data"][0], s)
+        pt = self._pre.get(key)
+        if pt is None:
+            if len(self._pre) >= 16:          # buffers that moved (a loan of other slots): theirs are gone
+                self._pre.clear()
+            pt = self._pre[key] = _PreTables(s, np.zeros(s.E, np.int32), np.full((s.J, 2, s.W, s.G), None, object),
+                                             np.zeros((s.J, s.ts, 3), np.int32), np.zeros((s.J, 2), np.int32))
+        return pt
 
     def pre_route_off(self, pt):
         return pt.off
