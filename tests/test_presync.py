@@ -246,24 +246,35 @@ def test_takes_pre_rule():
 
 
 def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_stream():
-    """The default gate (MoeBlock.pre_min_tokens, pre_wide_tokens): a chunk shorter than pre_min_tokens takes
-    pre-sync groups in a layer whose cache holds all its experts, not where some stream; from pre_min_tokens every
-    layer below pre_wide_tokens that the route memory expects to stream no more than the ring holds (here the even
-    layers); from pre_wide_tokens every layer."""
+    """The default gate (MoeBlock.pre_min_tokens, pre_wide_tokens): a short chunk takes pre-sync groups in a layer
+    whose cache holds all its experts, and, its groups replayed as graphs (presync.PreGraphs), in a layer the route
+    memory expects to stream no more than the ring holds (here the even layers). Launched one by one
+    (STRATA_PROMPT_GRAPH=0), a chunk shorter than PRE_MIN_TOKENS_EAGER takes none where some stream. From
+    pre_min_tokens every layer below pre_wide_tokens that streams no more than the ring holds, from pre_wide_tokens
+    every layer."""
+    import dataclasses
+
+    from strata import policy
     from strata.accel.device.host import HostDevice
     from strata.accel.engine import GpuEngine
-    from strata.accel.presync import PRE_MIN_TOKENS
+    from strata.accel.presync import PRE_MIN_TOKENS_EAGER
 
     m = models.load(golden.model_path("tiny-qwen3moe"))
     ids = Tokenizer.from_metadata(m.metadata).encode(golden.load_prompts()[0][0])
-    assert len(ids) < PRE_MIN_TOKENS
-    L, n_pairs = m.cfg.n_layer, m.cfg.n_layer * m.cfg.n_expert
+    assert len(ids) < PRE_MIN_TOKENS_EAGER
+    L, n_pairs, T = m.cfg.n_layer, m.cfg.n_layer * m.cfg.n_expert, len(ids)
+    assert L > 1
+    narrow = (L + 1) // 2
+    cases = [(n_pairs, True, None, L), (n_pairs, False, None, L), (n_pairs // 2, True, None, narrow),
+             (n_pairs // 2, False, None, 0), (n_pairs // 2, True, (T, T), L), (n_pairs // 2, True, (T, T + 1), narrow),
+             (n_pairs // 2, True, (T + 1, T + 1), 0)]
     calls = {}
-    for cached, gate in ((n_pairs, None), (n_pairs // 2, None), (n_pairs // 2, (len(ids), len(ids))),
-                         (n_pairs // 2, (len(ids), len(ids) + 1))):
+    for cached, graphs, gate, _ in cases:
         dev = HostDevice()
         try:
-            e = GpuEngine(m, dev, n_ctx=len(ids) + 4, expert_cache=cached)
+            cfg = dataclasses.replace(policy.from_process(), prompt_graph=graphs)
+            e = GpuEngine(m, dev, n_ctx=T + 4, expert_cache=cached, config=cfg)
+            assert (e.pre_graphs is not None) == graphs
             if gate is not None:
                 e.pre_min_tokens, e.pre_wide_tokens = gate
             expected = e.routes.expected
@@ -275,12 +286,10 @@ def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_s
             n, plan = [0], dev.k.plan_groups
             dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
             e.prefill(ids)
-            calls[cached, gate] = n[0]
+            calls[cached, graphs, gate] = n[0]
         finally:
             dev.close()
-    assert L > 1
-    assert calls == {(n_pairs, None): L, (n_pairs // 2, None): 0, (n_pairs // 2, (len(ids), len(ids))): L,
-                     (n_pairs // 2, (len(ids), len(ids) + 1)): (L + 1) // 2}, calls
+    assert calls == {(c, g, gate): want for c, g, gate, want in cases}, calls
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -25,7 +25,7 @@ from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUP
                                   VramShortfall, plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
-from strata.accel.presync import PreGraphs
+from strata.accel.presync import PRE_MIN_TOKENS_EAGER, PreGraphs
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
@@ -112,6 +112,8 @@ class GpuEngine(MoeBlock):
         self.pgraphs = prompt_graph.PromptGraphs(dev, c, p.chunk, n_ctx) if graphs else None
         # and a prompt layer's pre-sync launch groups (presync.PreGraphs); None: launched one by one
         self.pre_graphs = PreGraphs(dev) if graphs else None
+        if self.pre_graphs is None:             # launched one by one, short chunks' groups cost more than they give
+            self.pre_min_tokens = PRE_MIN_TOKENS_EAGER
         # the CPU expert pool: decode misses, and the prefill share where it qualifies (CUDA, one GPU; SPEC §4)
         self.pool = pool
         self.share = self.config.share(qualifies=dev.kind == "cuda" and pool is not None)

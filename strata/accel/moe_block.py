@@ -30,6 +30,7 @@ class MoeBlock:
     pre_groups = PRE_GROUPS
     pre_guessed = PRE_GROUPS        # of those, after the residents', groups of a guessed walk's experts
     pre_min_tokens = PRE_MIN_TOKENS  # unless the cache holds all of a layer's experts: chunks this long or longer
+                                     # (the engine sets presync.PRE_MIN_TOKENS_EAGER where they are not graphs)
     pre_wide_tokens = PRE_WIDE_TOKENS  # and below this, narrow layers only (presync.takes_pre)
 
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):

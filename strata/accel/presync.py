@@ -34,10 +34,13 @@ import numpy as np
 PRE_GROUPS = 2      # launch groups a layer issues before its routing sync, at most (MoeBlock.pre_groups)
 PRE_GROUPS_MAX = 4  # the most a chunk's buffers hold tables for (buffers.carve)
 CARVE_FEW_ROWS = 64  # the largest few_rows (moe.FEW_ROWS, bench/prefill.py --few-rows) the carved tables fit
-PRE_MIN_TOKENS = 768  # a layer whose cache lacks some of its experts takes pre-sync groups in chunks this long
-                     # or longer (MoeBlock.pre_min_tokens): shorter ones were 0.98-1.01x on qwen3's quarter cache
-                     # (bench/results/h200/graph_rows_q8_stop49.log, presync_gate_q8_stop49.log), 0.93-1.00x
-                     # before a 900-token chunk's dense parts replayed (presync_*_stop48.log)
+PRE_MIN_TOKENS = 0   # a layer whose cache lacks some of its experts takes pre-sync groups in chunks this long or
+                     # longer (MoeBlock.pre_min_tokens), its groups replayed as graphs (PreGraphs): every chunk,
+                     # 1.039/1.059x at 250/600 tokens on qwen3's 8-layer quarter cache, 1.121/1.186x on the 48-layer
+                     # one, against 768 (bench/results/h200/narrow_ab_q8_stop54.log, narrow_ab_q48_stop54.log)
+PRE_MIN_TOKENS_EAGER = 768  # the same, the groups launched one by one (STRATA_PROMPT_GRAPH=0): shorter chunks were
+                            # 0.90-0.93x at 250/600 tokens on the 48-layer qwen3 (narrow_ab_q48_stop52.log) and
+                            # 0.98-1.01x on the 8-layer one (graph_rows_q8_stop49.log, presync_gate_q8_stop49.log)
 PRE_WIDE_TOKENS = 1024  # below it, only a narrow layer (pre_wide_tokens, takes_pre): the prompt path's chain is
                         # the host's and the GPU's there, while a broad layer's is the link's (flash-shape 0.98-0.99x)
 PRE_MARGIN = 1.25   # residents' groups for this many times the routed residents the route memory expects (+1)
