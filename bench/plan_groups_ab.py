@@ -2,7 +2,9 @@
 the tree's, CUDA only (bench/kernel_ab.py's harness: arms alternating, medians, per-round ratios, bits compared).
 
 python bench/plan_groups_ab.py MODEL.gguf OLD.cu 250,600,900 ROUNDS
-    OLD.cu: route_kernels.cu of the older tree (git show REV:strata/accel/gpu/cuda/route_kernels.cu > OLD.cu)
+    OLD.cu: route_kernels.cu of an older tree (git show REV:strata/accel/gpu/cuda/route_kernels.cu > OLD.cu) whose
+    plan_groups takes the tree's arguments (the wrapper's: 9 since its sizes ride in the upload; the 24-argument
+    kernels of 2645a04 and c6f78a6 ran against each other at c6f78a6, plan_ab_q8_stop54.log)
 
 - alone: GPU us a call at qwen3's shape (128 experts, top 8, groups of 16, two residents' groups and two of a guessed
   walk's), the tables compared bit for bit. Each call also runs the staging ring's pull of its order and pointers

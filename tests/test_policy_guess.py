@@ -69,3 +69,18 @@ def test_the_expected_routed_count_and_rows_of_a_chunk():
     assert mem.expected(0, 50, among) == pytest.approx(1.0 + (1 - 0.99 ** 50))
     p = 1 + (1 - 0.01 ** 50) + (1 - 0.99 ** 50)         # experts 5, 9 and 12
     assert mem.mean_rows(0, 50) == pytest.approx(50 * 2 / p)
+
+
+def test_routed_p_is_kept_until_the_layers_next_note():
+    """RouteMemory.routed_p answers a (layer, tokens) question once until that layer's next note: read-only, the
+    formula's values, and a note of one layer leaves the other layers' answers."""
+    mem = RouteMemory(2, 4)
+    mem.note(0, [4, 0, 0, 0], 4)
+    mem.note(1, [0, 4, 0, 0], 4)
+    p, p1 = mem.routed_p(0, 10), mem.routed_p(1, 10)
+    assert mem.routed_p(0, 10) is p and not p.flags.writeable
+    assert mem.routed_p(0, 11) is not p
+    mem.note(0, [0, 0, 4, 0], 4)
+    p2 = mem.routed_p(0, 10)
+    assert p2 is not p and np.array_equal(p2, 1.0 - (1.0 - np.minimum(mem.q[0], 1.0)) ** 10) and p2[2] > 0
+    assert mem.routed_p(1, 10) is p1

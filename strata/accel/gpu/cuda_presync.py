@@ -11,6 +11,7 @@ import numpy as np
 from strata.accel.presync import PreGroup, PreShape, pre_bytes
 
 PLAN_THREADS = 256                  # plan_groups' block (route_kernels.cu __launch_bounds__)
+PLAN_PRM = 16                       # its sizes, uploaded ahead of the order (route_kernels.cu plan_groups' prm)
 
 
 def _up(n: int) -> int:
@@ -27,6 +28,11 @@ class CudaPreTables:
     ptrs: int
     tiles: int
     spans: int
+
+    @property
+    def args(self) -> tuple:
+        """plan_groups' first four arguments (off, ptrs, tiles, spans)."""
+        return tuple(np.uint64(a) for a in (self.off, self.ptrs, self.tiles, self.spans))
 
     @classmethod
     def at(cls, base: int, s: PreShape) -> CudaPreTables:
@@ -52,11 +58,14 @@ class CudaPresyncKernels:
         assert hist.dtype == np.int32 and hist.shape[1] == s.E and J1 <= J <= s.J and len(offs) == s.W
         assert nc1 <= nc <= len(order) <= s.E
         n_o = len(order)
-        # one upload: order i32 | the candidates' blob addresses u64 | offs u64
-        a = _up(4 * n_o)
+        # one upload: the sizes i32 [16] | order i32 | the candidates' blob addresses u64 | offs u64
+        o = 4 * PLAN_PRM
+        a = o + _up(4 * n_o)
         nbytes = a + 8 * (nc + s.W)
         off, room = self._room(nbytes, stream)
-        room[:4 * n_o].view(np.int32)[:] = order
+        room[:o].view(np.int32)[:] = (nt, s.E, n_o, nc1, nc, s.W, J1, J, s.G, few_rows, rows_tile, bm, s.sf, s.sg,
+                                      *fill)
+        room[o:o + 4 * n_o].view(np.int32)[:] = order
         words = room[a:nbytes].view(np.uint64)
         at = 0
         for buf, idx in blobs:                      # each candidate's blob: a row of the cache or of the ring
@@ -68,10 +77,7 @@ class CudaPresyncKernels:
         shared = 4 * (6 * s.E + 3 * J * s.G + 2 * J + 32)   # route_kernels.cu plan_groups' arrays
         self._route_fn("plan_groups")(
             (1,), (PLAN_THREADS,),
-            (np.uint64(pt.off), np.uint64(pt.ptrs), np.uint64(pt.tiles), np.uint64(pt.spans), hist, np.int32(nt),
-             np.int32(s.E), np.uint64(dev), np.int32(n_o), np.int32(nc1), np.int32(nc), np.uint64(dev + a),
-             np.uint64(dev + a + 8 * nc), np.int32(s.W), np.int32(J1), np.int32(J), np.int32(s.G), np.int32(few_rows),
-             np.int32(rows_tile), np.int32(bm), np.int32(s.sf), np.int32(s.sg), *(np.int32(f) for f in fill)),
+            (*pt.args, hist, np.uint64(dev), np.uint64(dev + o), np.uint64(dev + a), np.uint64(dev + a + 8 * nc)),
             stream=stream.s, shared_mem=shared)
 
     def pre_group(self, pt, j, fill, bm):

@@ -107,10 +107,14 @@ __device__ __forceinline__ int block_scan(int* v, int n, int* wsum) {
 // groups' members by prefix sums over the E positions of that order, a group's tiles by one thread each, then the
 // threads write the tables. One thread walking the order did it in 19-21 us a call with its upload's pull at
 // qwen3's shape, this in 13 (bench/plan_groups_ab.py, bench/results/h200/plan_ab_q8_stop54.log).
+// The sizes come in the host's upload with the order (prm: nt, E, n_order, nc1, nc, W, J1, J, G, few_rows,
+// rows_tile, bm, sf, sg, nf, ng): a launch of 9 arguments, not 24, costs the host ~15 us less (CuPy converts each).
 extern "C" __global__ void __launch_bounds__(256) plan_groups(
-        int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, int nt, int E,
-        const int* order, int n_order, int nc1, int nc, const unsigned long long* cptr, const unsigned long long* offs,
-        int W, int J1, int J, int G, int few_rows, int rows_tile, int bm, int sf, int sg, int nf, int ng) {
+        int* off, unsigned long long* ptrs, int* tiles, int* spans, const int* hist, const int* prm, const int* order,
+        const unsigned long long* cptr, const unsigned long long* offs) {
+    const int nt = prm[0], E = prm[1], n_order = prm[2], nc1 = prm[3], nc = prm[4], W = prm[5], J1 = prm[6],
+              J = prm[7], G = prm[8], few_rows = prm[9], rows_tile = prm[10], bm = prm[11], sf = prm[12], sg = prm[13],
+              nf = prm[14], ng = prm[15];
     extern __shared__ int sh[];
     int* cnt = sh;                      // [E] pairs of each expert
     int* pos = cnt + E;                 // [E] position in order, -1 past it; then a class's member ranks
