@@ -79,56 +79,42 @@ for r in range(R):
     runs.append((t0, list(LC.CKS)))
 print(f"{path} {L} tokens: prompt {np.median(walls):.2f} ms instrumented (medians of {R}); a reading costs "
       f"{LC.PC_COST:.3f} us")
+
+
+def windows(opens, closes, title: str, top: int) -> None:
+    """Each statement's us inside a layer's windows (from a reading opens(label, line) to the reading (block,
+    closes)), the median per layer over the runs, averaged over layers 0-2 and over the rest."""
+    acc = collections.defaultdict(list)                  # (layer, (label, line)) -> us per window, one per run
+    for _, cks in runs:
+        layer, per, prev = -1, None, 0.0
+        for lab, ln, t in cks:
+            if opens(lab, ln):
+                layer, per, prev = layer + 1, collections.Counter(), t
+                continue
+            if per is not None:
+                per[(lab, ln)] += (t - prev) * 1e6 - LC.PC_COST
+                prev = t
+                if lab == "block" and ln == closes:
+                    for k, v in per.items():
+                        acc[(layer, k)].append(v)
+                    acc[(layer, ("WINDOW", 0))].append(sum(per.values()))
+                    per = None
+    for layers, tag in ((range(0, 3), "layers 0-2"), (range(3, c.n_layer), f"layers 3-{c.n_layer - 1}")):
+        keys = {k for (l, k) in acc if l in layers}
+        rows = sorted(((np.mean([np.median(acc[(l, k)]) for l in layers if (l, k) in acc]), k) for k in keys),
+                      reverse=True)
+        print(f"== {tag}: {title}, the median per layer, averaged over the layers")
+        for v, (lab, ln) in rows[:top]:
+            if v >= 1.5 or lab == "WINDOW":
+                print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
+
+
 if view == "window":
-    synced, gather = at("t_synced = time.perf_counter()"), at("k.gather_f16(")
-    acc = collections.defaultdict(list)                  # (layer, (label, line)) -> us per window, one per run
-    for _, cks in runs:
-        layer, per, prev = -1, None, 0.0
-        for lab, ln, t in cks:
-            if lab == "block" and ln == synced:
-                layer, per, prev = layer + 1, collections.Counter(), t
-                continue
-            if per is not None:
-                per[(lab, ln)] += (t - prev) * 1e6 - LC.PC_COST
-                prev = t
-                if lab == "block" and ln == gather:
-                    for k, v in per.items():
-                        acc[(layer, k)].append(v)
-                    acc[(layer, ("WINDOW", 0))].append(sum(per.values()))
-                    per = None
-    for layers, tag in ((range(0, 3), "layers 0-2"), (range(3, c.n_layer), f"layers 3-{c.n_layer - 1}")):
-        keys = {k for (l, k) in acc if l in layers}
-        rows = sorted(((np.mean([np.median(acc[(l, k)]) for l in layers if (l, k) in acc]), k) for k in keys),
-                      reverse=True)
-        print(f"== {tag}: us a window, the median per layer, averaged over the layers")
-        for v, (lab, ln) in rows[:40]:
-            if v >= 1.5 or lab == "WINDOW":
-                print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
+    synced = at("t_synced = time.perf_counter()")
+    windows(lambda lab, ln: lab == "block" and ln == synced, at("k.gather_f16("), "us a window", 40)
 elif view == "presync":
-    sync = at("t_sync = time.perf_counter()")
-    acc = collections.defaultdict(list)                  # (layer, (label, line)) -> us per window, one per run
-    for _, cks in runs:
-        layer, per, prev = -1, None, 0.0
-        for lab, ln, t in cks:
-            if lab == "ENTRY":
-                layer, per, prev = layer + 1, collections.Counter(), t
-                continue
-            if per is not None:
-                per[(lab, ln)] += (t - prev) * 1e6 - LC.PC_COST
-                prev = t
-                if lab == "block" and ln == sync:
-                    for k, v in per.items():
-                        acc[(layer, k)].append(v)
-                    acc[(layer, ("WINDOW", 0))].append(sum(per.values()))
-                    per = None
-    for layers, tag in ((range(0, 3), "layers 0-2"), (range(3, c.n_layer), f"layers 3-{c.n_layer - 1}")):
-        keys = {k for (l, k) in acc if l in layers}
-        rows = sorted(((np.mean([np.median(acc[(l, k)]) for l in layers if (l, k) in acc]), k) for k in keys),
-                      reverse=True)
-        print(f"== {tag}: us from the block's entry to its routing sync, the median per layer, averaged over the layers")
-        for v, (lab, ln) in rows[:45]:
-            if v >= 1.5 or lab == "WINDOW":
-                print(f"  {v:8.1f}  {lab:>12}:{ln:<4} {LC.line(lab, ln)}")
+    windows(lambda lab, ln: lab == "ENTRY", at("t_sync = time.perf_counter()"),
+            "us from the block's entry to its routing sync", 45)
 else:
     start = at("t_sync = time.perf_counter()")
     seqs = []
