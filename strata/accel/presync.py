@@ -209,7 +209,9 @@ class PreGraphs:
         self.captures = self.replays = self.eager = 0
 
     def run(self, key, fn) -> None:
-        """fn() enqueues the launches on the compute stream: run, captured or replayed as the key was met."""
+        """fn() enqueues the launches on the compute stream: run, captured or replayed as the key was met (a graph
+        replays on the stream it was captured on: the stream is part of the key)."""
+        key = (key, id(self.dev.compute))
         g = self.graphs.get(key)
         if g is not None:
             g.launch()
