@@ -147,6 +147,10 @@ def run_gpu(a, dev) -> int:
         if pg is not None:
             note(f"prompt graphs: {pg.eager} segments eager, {pg.captures} captured ({pg.capture_s * 1e3:.1f} ms), "
                  f"{pg.replays} replayed (a shape's first prompt runs eagerly, its second captures)")
+        gg = eng.pre_graphs
+        if gg is not None:
+            note(f"pre-sync groups: {gg.eager} eager, {gg.captures} captured, {gg.replays} replayed as graphs "
+                 f"(STRATA_PROMPT_GRAPH=0 launches them one by one)")
         if eng.cpu_block is not None:
             cb = eng.cpu_block.stats
             note(f"cpu pool: {cb['cpu_experts']} experts in {cb['shared_layers']} layers; share {eng.share.mode.value}")
