@@ -330,3 +330,31 @@ def test_pre_sync_group_graphs_replay_the_launches(kind):
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), (cached, i)
         eager, captures, replays = counts
         assert eager and captures and replays > captures, (cached, counts)
+
+
+def test_pre_graphs_capture_replay_and_keep_an_allocating_key_eager():
+    """presync.PreGraphs on the twin: a key runs eagerly, then is captured (the capture runs nothing, its graph's
+    launch runs the work once), then replays; a key whose work allocates fails its capture (the 1-byte region) and
+    runs eagerly then and from then on. Each run's work runs exactly once."""
+    from strata.accel.device.host import HostDevice
+    from strata.accel.presync import PreGraphs
+
+    dev = HostDevice()
+    try:
+        g, done = PreGraphs(dev), []
+
+        def work(tag, allocate=False):
+            def fn():
+                if allocate:
+                    dev.empty((64,), np.float32)
+                dev.compute._put(lambda: done.append(tag))
+            return fn
+        for _ in range(3):
+            g.run(("a",), work("a"))
+            g.run(("b",), work("b", allocate=True))
+        dev.synchronize()
+        assert done.count("a") == 3 and done.count("b") == 3, done
+        assert (g.eager, g.captures, g.replays) == (1 + 3, 1, 1), (g.eager, g.captures, g.replays)
+        assert len(g.graphs) == 1 and g.seen == {(("a",), id(dev.compute)): True, (("b",), id(dev.compute)): False}
+    finally:
+        dev.close()

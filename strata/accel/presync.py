@@ -217,10 +217,12 @@ class PreGraphs:
             g.launch()
             self.replays += 1
             return
-        if not self.seen.get(key, False):
-            if key not in self.seen and len(self.seen) >= self.most:   # keys that never came back: forget them
-                self.seen.clear()
-            self.seen.setdefault(key, True)
+        capturable = self.seen.get(key)
+        if not capturable:                         # met first now, or a capture of it allocated
+            if capturable is None:
+                if len(self.seen) >= self.most:    # keys that never came back: forget them rather than grow
+                    self.seen.clear()
+                self.seen[key] = True
             fn()
             self.eager += 1
             return

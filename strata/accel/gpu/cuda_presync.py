@@ -5,6 +5,7 @@ them, kernels.py states the contract). Legend: E experts, J groups, G members a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -29,9 +30,9 @@ class CudaPreTables:
     tiles: int
     spans: int
 
-    @property
+    @cached_property
     def args(self) -> tuple:
-        """plan_groups' first four arguments (off, ptrs, tiles, spans)."""
+        """plan_groups' first four arguments (off, ptrs, tiles, spans), made once a chunk."""
         return tuple(np.uint64(a) for a in (self.off, self.ptrs, self.tiles, self.spans))
 
     @classmethod

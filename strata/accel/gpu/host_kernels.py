@@ -33,7 +33,6 @@ class HostKernels(Kernels):
         self.dev = dev
         self._pre = {}            # (buffer's address, shape) -> _PreTables: as on CUDA, the tables live at the buffer
 
-
     def _run(self, stream, fn):
         stream._put(fn)
 
