@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class GemmLaunch:
     cols: int           # output columns a block (the grid's y: ceil(N / cols))
     threads: int
     smem: int           # dynamic shared memory, bytes: S x (rows + cols) x (BK + 8) halves
+    stages: int = 0     # S
+    bk: int = 0         # BK
 
     @classmethod
     def of(cls, macro: str) -> GemmLaunch:
@@ -50,7 +52,14 @@ class GemmLaunch:
         assert m, f"mma.cuh defines no {macro}"
         wm, wn, mi, nj, bk, s = map(int, m.groups())
         rows, cols = wm * 16 * mi, wn * 8 * nj
-        return cls(rows, cols, wm * wn * 32, s * (rows + cols) * (bk + 8) * 2)
+        return cls(rows, cols, wm * wn * 32, s * (rows + cols) * (bk + 8) * 2, s, bk)
+
+    def quantised(self, block_size: int, type_size: int) -> GemmLaunch:
+        """The same tiling's gemm_q kernel for a type (gemm_q_kernels.cu GemmQ::SMEM): S stages of A rows, two fp16
+        W tiles, two raw stages of a row's 256 weights (the 16-byte words they span at any alignment, plus one)."""
+        ld, sb = self.bk + 8, 256 // block_size * type_size
+        rs = ((sb + 15) // 16 + 1) * 16
+        return replace(self, smem=self.stages * self.rows * ld * 2 + 2 * self.cols * ld * 2 + 2 * self.cols * rs)
 
     def prepare(self, fn) -> None:
         """Lets `fn` (the kernel, a CuPy RawKernel) take its dynamic shared memory, past the 48 KiB default."""
@@ -145,6 +154,8 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, CudaPresyncKernels, K
         self.side_staging = _Staging(dev, SIDE_STAGING_BYTES)
         self._dq_plans: dict = {}
         self._rfn, self._dfn = {}, {}                            # rows_kernels.cu's by type, decode_kernels.cu's
+        self._qfn: dict = {}                                      # gemm_q_kernels.cu's by (type, 128-row tiles)
+        self.gemm_q_types = dq.GEMM_Q_TYPES if gemm == "mma" else frozenset()
         self._route = None                                        # route_kernels.cu's, on first use
         self._init_attention()
         self._one = np.array(1.0, np.float32)
@@ -358,6 +369,30 @@ class CudaKernels(CudaAttentionKernels, CudaDecodeKernels, CudaPresyncKernels, K
             GEMM128.launch(self.fn["gemm_grouped_mma128"], n_tiles, N, args, stream.s)
         else:
             GEMM64.launch(self.fn["gemm_grouped_mma"], n_tiles, N, args, stream.s)
+
+    def _gemm_q_fn(self, qtype: int, big: bool):
+        key = (qtype, big)
+        got = self._qfn.get(key)
+        if got is None:
+            cls = dq._check_type(qtype)
+            assert qtype in self.gemm_q_types, f"gemm_q takes no {cls.name}"
+            shape = (GEMM128 if big else GEMM64).quantised(cls.block_size, cls.type_size)
+            fn = self.mods.get("gemm_q").get_function(f"gemm_q{'128' if big else ''}_{dq.SUFFIX[qtype]}")
+            shape.prepare(fn)
+            got = self._qfn[key] = (fn, shape, cls.block_size)
+        return got
+
+    def gemm_q(self, out, a, blobs, qtype, n, k, tiles, n_tiles, stream, max_rows=None):
+        """gemm_grouped's two tilings (picked as there), each weight dequantised in the kernel from the blob's
+        bytes (cuda/gemm_q_kernels.cu)."""
+        fn, shape, qk = self._gemm_q_fn(qtype, max_rows is None or max_rows > GEMM_BM)
+        assert out.dtype == np.float32 and out.strides[1] == 4 and out.shape[1] >= n
+        assert a.dtype == np.float16 and a.strides[1] == 2 and a.shape[1] >= k
+        assert k % qk == 0 and k % 32 == 0, f"rows of {k} weights are not whole blocks of 32-weight parts"
+        assert a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0, "the kernels copy A rows in 16-byte chunks"
+        if n_tiles:
+            shape.launch(fn, n_tiles, n, (out, np.int32(out.strides[0] // 4), a, np.int32(a.strides[0] // 2),
+                                          _tab_ptr(blobs), _tab_ptr(tiles), np.int32(n), np.int32(k)), stream.s)
 
     def swiglu(self, out, gu, f, stream):
         R = out.shape[0]

@@ -25,6 +25,7 @@ MODULES = {
     "attn": (lambda: dq.source("attn_kernels.cu"), CXX17),
     "decode": (lambda: dq.source("decode_kernels.cu"), CXX17),
     "route": (lambda: dq.source("route_kernels.cu"), CXX17),
+    "gemm_q": (lambda: dq.source("gemm_q_kernels.cu"), dq.NVRTC_OPTIONS),
 }
 SAY_AFTER_S = 1.0    # modules still compiling this long after the start were not in CuPy's cache: say so
 

@@ -46,6 +46,8 @@ SUFFIX = {q: s for q, (s, _) in _TYPES.items()}
 PART = {q: p for q, (_, p) in _TYPES.items()}
 KERNEL_NAME = {q: f"dequant_rows_{s}" for q, s in SUFFIX.items()}
 MATRIX_KERNEL_NAME = {q: f"dequant_{s}" for q, s in SUFFIX.items()}
+# the block types of 32-weight parts: the quantised grouped GEMM's (cuda/gemm_q_kernels.cu STRATA_GEMM_Q lines)
+GEMM_Q_TYPES = frozenset(q for q, p in PART.items() if p == 32)
 MATRIX_F32_KERNEL_NAME = {q: f"dequant_f32_{s}" for q, s in SUFFIX.items()}
 # types whose unrounded float32 the device gives exactly: NVRTC's -ftz flushes MXFP4's subnormal products (scale
 # exponent e < 2), which only the fp16 rounding hides (dequant.cuh)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata import quants
+from strata.accel.gpu.dequant import GEMM_Q_TYPES
 from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
 from strata.accel.presync import PreGroup, plan_host
 from strata.reference.linalg import weight_rows
@@ -20,6 +21,21 @@ def _silu(x: np.ndarray) -> np.ndarray:
         return x / (1.0 + np.exp(-x))
 
 
+def _runs(tiles, n_tiles: int):
+    """(g, r0, r1) of each run of an expert's consecutive tiles: one product a run, as numpy's sums depend on the
+    rows a product takes and the CUDA kernels' on the rows and W[g] alone, whatever the tiles (max_rows); empty
+    tiles (presync.py) compute nothing."""
+    i, t = 0, np.asarray(tiles[:n_tiles])
+    t = t[t[:, 1] < t[:, 2]]
+    while i < len(t):
+        g, r0, r1 = (int(x) for x in t[i])
+        i += 1
+        while i < len(t) and t[i, 0] == g and t[i, 1] == r1:
+            r1 = int(t[i, 2])
+            i += 1
+        yield g, r0, r1
+
+
 class _PreTables:
     """presync's tables on the twin: off i32 [E], ptrs [J, 2, W, G] (blob entries or None), tiles i32 [J, ts, 3],
     spans i32 [J, 2]."""
@@ -29,6 +45,8 @@ class _PreTables:
 
 
 class HostKernels(Kernels):
+    gemm_q_types = GEMM_Q_TYPES
+
     def __init__(self, dev):
         self.dev = dev
         self._pre = {}            # (buffer's address, shape) -> _PreTables: as on CUDA, the tables live at the buffer
@@ -173,17 +191,21 @@ class HostKernels(Kernels):
 
     def gemm_grouped(self, out, a, w, tiles, n_tiles, stream, max_rows=None):
         def run():
-            # one product per run of an expert's consecutive tiles: numpy's sums depend on the rows a product
-            # takes, and the CUDA kernels' depend on the rows and W[g] alone, whatever the tiles (max_rows)
-            i, t = 0, np.asarray(tiles[:n_tiles])
-            t = t[t[:, 1] < t[:, 2]]                   # empty tiles (presync.py) compute nothing
-            while i < len(t):
-                g, r0, r1 = (int(x) for x in t[i])
-                i += 1
-                while i < len(t) and t[i, 0] == g and t[i, 1] == r1:
-                    r1 = int(t[i, 2])
-                    i += 1
+            for g, r0, r1 in _runs(tiles, n_tiles):
                 out[r0:r1] = a[r0:r1].astype(F32) @ w[g].astype(F32).T
+
+        self._run(stream, run)
+
+    def gemm_q(self, out, a, blobs, qtype, n, k, tiles, n_tiles, stream, max_rows=None):
+        assert qtype in self.gemm_q_types, f"gemm_q takes no type {qtype}"
+        q = quants.get(qtype)
+        nbytes = n * q.row_bytes(k)
+
+        def run():               # `dequant`'s weights, `gemm_grouped`'s products
+            for g, r0, r1 in _runs(tiles, n_tiles):
+                buf, idx, off = blobs[g]
+                w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
 
         self._run(stream, run)
 

@@ -48,6 +48,7 @@ class ExpertSource:
 
 class Kernels(abc.ABC):
     gemm_big_rows = 0  # the larger GEMM row tile `gemm_grouped` takes (rows_host.many_tile), 0 if none
+    gemm_q_types: frozenset = frozenset()    # the weight types `gemm_q` takes (the others: dequant + gemm_grouped)
     route_max_experts = 1 << 30     # the most experts a layer may have for `route_rows` (CUDA: its shared memory)
 
     @abc.abstractmethod
@@ -173,6 +174,14 @@ class Kernels(abc.ABC):
         w f16 [G, N, K]; an empty tile (r0 == r1) computes nothing. max_rows: the tile size the tiles were cut at
         (moe.GEMM_BM or gemm_big_rows; None: the larger), which a kernel set may use to pick its kernel; the result
         is the same."""
+
+    def gemm_q(self, out, a, blobs, qtype: int, n: int, k: int, tiles, n_tiles: int, stream,
+               max_rows: int | None = None) -> None:
+        """`dequant` into a scratch then `gemm_grouped`, in one step with no scratch, for the types of
+        `gemm_q_types`: for each tile (g, r0, r1) of tiles i32 [n_tiles, 3] (r0 == r1: an empty tile), out f32
+        [r0:r1, :n] = a f16 [r0:r1, :k] · W_gᵀ, W_g the n x k matrix of type `qtype` at blob_table entry g, each
+        weight as `dequant` rounds it: the same bits as that pair. out may be a column slice (row stride > n)."""
+        raise NotImplementedError(f"{type(self).__name__} has no gemm_q")
 
     @abc.abstractmethod
     def swiglu(self, out, gu, f: int, stream) -> None:

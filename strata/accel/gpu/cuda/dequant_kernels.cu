@@ -16,40 +16,9 @@
 // memory, a part was ~30 dependent byte loads a thread, and the kernel ran at ~1.5 TB/s on the H200
 // (bench/results/h200/kdq_stop30.log: 133 us for 16 qwen3 Q4_K experts, ~60% of a 56-row group's expert time).
 #include "dequant.cuh"
+#include "dequant_store.cuh"
 
 #define DQ_THREADS 256   // threads a CUDA block (strata/accel/gpu/dequant.py _THREADS)
-
-// float32 -> fp16 bits as f32_to_f16_bits (nearest even; NaN -> 0x7E00) by the cvt instruction: the same bits
-// for every non-NaN value (cvt.rn is IEEE round-to-nearest-even, overflow to inf, f16 subnormals exact)
-__device__ __forceinline__ uint16_t f16_bits_rn(float f) {
-    unsigned short h;
-    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
-    return f != f ? (uint16_t)0x7E00u : (uint16_t)h;
-}
-
-template <class Q>
-__device__ __forceinline__ void store_part(const float* v, uint16_t* o) {
-    if constexpr (Q::PART % 8 == 0) {
-        STRATA_UNROLL
-        for (int i = 0; i < Q::PART; i += 8) {
-            uint4 w;
-            w.x = f16_bits_rn(v[i + 0]) | ((uint32_t)f16_bits_rn(v[i + 1]) << 16);
-            w.y = f16_bits_rn(v[i + 2]) | ((uint32_t)f16_bits_rn(v[i + 3]) << 16);
-            w.z = f16_bits_rn(v[i + 4]) | ((uint32_t)f16_bits_rn(v[i + 5]) << 16);
-            w.w = f16_bits_rn(v[i + 6]) | ((uint32_t)f16_bits_rn(v[i + 7]) << 16);
-            *reinterpret_cast<uint4*>(o + i) = w;
-        }
-    } else {
-        STRATA_UNROLL
-        for (int i = 0; i < Q::PART; ++i) o[i] = f16_bits_rn(v[i]);
-    }
-}
-
-template <class Q>
-__device__ __forceinline__ void store_part(const float* v, float* o) {
-    STRATA_UNROLL
-    for (int i = 0; i < Q::PART; ++i) o[i] = v[i];
-}
 
 // blocks [n_blocks] of type Q at src -> out [n_blocks·QK] (fp16 bits or float32), threads (blockIdx.x, threadIdx.x)
 // of DQ_THREADS. A pass of the CUDA block takes BPS consecutive blocks (DQ_THREADS parts): their bytes, from the

@@ -49,15 +49,66 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // accumulator, whatever the tiling, so the result depends only on its rows and W[g] (residency-invariant), and every
 // instantiation gives the same bits (bench/gemm_kernel.py and test_gemm_mma128_gives_mma_bits check it).
 // Legend: R rows, G experts, N output columns, Kd the inner size (a multiple of 16).
-template <int WM, int WN, int MI, int NJ, int BK, int S>
+template <int WM, int WN, int MI, int NJ, int BK_, int S>
 struct GemmTile {
-    static constexpr int BM = WM * 16 * MI, BN = WN * 8 * NJ, THREADS = WM * WN * 32;
+    static constexpr int BM = WM * 16 * MI, BN = WN * 8 * NJ, THREADS = WM * WN * 32, BK = BK_;
     static constexpr int LD = BK + 8;      // halves a smem row: rows 16 bytes past a multiple of 128, so ldmatrix's
                                            // 8 rows fall on distinct banks
-    static constexpr int CH = BK / 8;      // 16-byte chunks of a row a stage
+    static constexpr int CH = BK_ / 8;     // 16-byte chunks of a row a stage
     static constexpr int NA = BM * CH / THREADS, NB = BN * CH / THREADS;     // chunks a thread loads a stage
     static constexpr int SMEM = S * (BM + BN) * LD * 2;                     // dynamic shared memory, bytes
 };
+
+// One k step's MMAs of a warp: its (16·MI) x (8·NJ) tile from stage tiles as [BM][LD] (A rows) and bs [BN][LD]
+// (W rows), the k16 steps in ascending order, none at or past Kd (k0: the step's first k; a last stage past Kd
+// makes no MMA of zeros, so a tail changes no sum). live: this warp's m16 blocks holding rows (warp-uniform;
+// skipping a row block changes no other output).
+template <class P, int MI, int NJ>
+__device__ __forceinline__ void tile_mma(float (*acc)[NJ][4], const half_t (*as)[P::LD], const half_t (*bs)[P::LD],
+                                         int k0, int Kd, int live, int wm, int wn, int lane) {
+    static_assert(NJ % 2 == 0, "B fragments come two n8 blocks a ldmatrix");
+    const int br = (lane & 7) + (lane >> 4) * 8, bc = ((lane >> 3) & 1) * 8;   // ldmatrix rows of the W fragments
+#pragma unroll
+    for (int kk = 0; kk < P::BK; kk += 16) {
+        if (k0 + kk >= Kd) break;
+        u32 a[MI][4], b[NJ][2];
+#pragma unroll
+        for (int i = 0; i < MI; i++) ldmatrix_x4(a[i], &as[wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+        for (int j = 0; j < NJ; j += 2) {
+            u32 r[4];
+            ldmatrix_x4(r, &bs[wn + j * 8 + br][kk + bc]);
+            b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+            if (i < live)
+#pragma unroll
+                for (int j = 0; j < NJ; j++) mma16816(acc[i][j], a[i], b[j]);
+    }
+}
+
+// A warp's accumulators to C: rows r0 + wm.. below r1, columns c0.. below N (the m16n8 accumulator holds rows
+// gid, gid + 8 and columns 2·t4, +1)
+template <int MI, int NJ>
+__device__ __forceinline__ void tile_store(float* C, int ldc, float (*acc)[NJ][4], int r0, int r1, int c0,
+                                           int wm, int N, int lane) {
+    const int gid = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int n = c0 + j * 8 + t4 * 2;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + wm + i * 16 + gid + h * 8;
+                if (r < r1) {
+                    if (n < N) C[(long long)r * ldc + n] = acc[i][j][2 * h];
+                    if (n + 1 < N) C[(long long)r * ldc + n + 1] = acc[i][j][2 * h + 1];
+                }
+            }
+        }
+}
 
 template <int WM, int WN, int MI, int NJ, int BK, int S>
 __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, int lda, const half_t* W,
@@ -65,7 +116,6 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     using P = GemmTile<WM, WN, MI, NJ, BK, S>;
     constexpr int LD = P::LD;
     static_assert(P::BM * P::CH % P::THREADS == 0 && P::BN * P::CH % P::THREADS == 0, "whole loader passes");
-    static_assert(NJ % 2 == 0, "B fragments come two n8 blocks a ldmatrix");
     half_t(*As)[P::BM][LD] = reinterpret_cast<half_t(*)[P::BM][LD]>(smem);                 // [S][BM][LD]
     half_t(*Bs)[P::BN][LD] = reinterpret_cast<half_t(*)[P::BN][LD]>(smem + S * P::BM * LD * 2);   // [S][BN][LD]
     const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
@@ -119,52 +169,15 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
         if (s < nk) load(s, s);
         cp_async_commit();
     }
-    const int br = (lane & 7) + (lane >> 4) * 8, bc = ((lane >> 3) & 1) * 8;   // ldmatrix rows of the W fragments
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait_stages<S>();
         __syncthreads();     // stage kt landed for every thread; every warp is done with stage kt - 1
         if (kt + S - 1 < nk) load((kt + S - 1) % S, kt + S - 1);
         cp_async_commit();
-        if (live) {
-            const half_t(*as)[LD] = As[kt % S];
-            const half_t(*bs)[LD] = Bs[kt % S];
-#pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                if (kt * BK + kk >= Kd) break;       // a last stage past Kd: no MMA of zeros (the k16 steps stay
-                                                     // those of Kd, so a tail changes no sum)
-                u32 a[MI][4], b[NJ][2];
-#pragma unroll
-                for (int i = 0; i < MI; i++) ldmatrix_x4(a[i], &as[wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-#pragma unroll
-                for (int j = 0; j < NJ; j += 2) {
-                    u32 r[4];
-                    ldmatrix_x4(r, &bs[wn + j * 8 + br][kk + bc]);
-                    b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int i = 0; i < MI; i++)
-                    if (i < live)            // warp-uniform; skipping a row block changes no other output
-#pragma unroll
-                        for (int j = 0; j < NJ; j++) mma16816(acc[i][j], a[i], b[j]);
-            }
-        }
+        if (live) tile_mma<P, MI, NJ>(acc, As[kt % S], Bs[kt % S], kt * BK, Kd, live, wm, wn, lane);
     }
     cp_async_wait_all();
-    const int gid = lane >> 2, t4 = lane & 3;          // the m16n8 accumulator's rows gid, gid + 8; columns 2·t4, +1
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            const int n = n0 + wn + j * 8 + t4 * 2;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = r0 + wm + i * 16 + gid + h * 8;
-                if (r < r1) {
-                    if (n < N) C[(long long)r * ldc + n] = acc[i][j][2 * h];
-                    if (n + 1 < N) C[(long long)r * ldc + n + 1] = acc[i][j][2 * h + 1];
-                }
-            }
-        }
+    tile_store<MI, NJ>(C, ldc, acc, r0, r1, n0 + wn, wm, N, lane);
 }
 
 // the two instantiations' parameters (cuda_kernels.py reads their threads and shared memory from GEMM_LAUNCH):

@@ -1,0 +1,166 @@
+// The experts' grouped GEMM straight from their quantised blobs (kernels.py `gemm_q` states the contract): for each
+// tile (g, r0, r1) = tiles[blockIdx.x], C[r0:r1, n0:n0+BN] = A[r0:r1, :Kd] · deq(W_g)[n0:n0+BN, :Kd]^T, W_g the
+// N x Kd matrix of type Q whose blocks start at device address ptrs[g], n0 = blockIdx.y·BN.
+// Legend: R rows, N output columns (W rows), Kd the inner size, QK/SIZE a block's weights/bytes, SB the bytes of a
+// row's 256 weights (a super-step), RS its stride in shared memory.
+//
+// Why: dequant + gemm_grouped writes each expert's fp16 copy (~3.7x a Q4_K blob's bytes) and reads it back; at
+// ~4.3 TB/s the dequantisation alone was ~40% of a 900-token prompt's expert time (ops_q8_stop54.log). Here a
+// super-step's raw bytes of the tile's W rows are staged by cp.async a super-step ahead, and each k step's
+// weights are dequantised exactly (dequant.cuh) from shared memory into an fp16 tile, one k step ahead of the MMAs
+// that read it. The MMAs are gemm_tile's, in its order, on the fp16 values the dequantisation kernel writes: the
+// same bits as dequant + gemm_grouped (test_gemm_q_gives_the_scratch_path_bits). (Stop 30's gemm_q loaded each
+// thread's bytes synchronously inside the k loop: 2.3-6.1x slower than the scratch path.)
+#include "dequant.cuh"
+#include "dequant_store.cuh"
+#include "mma.cuh"
+
+template <class Q, int WM, int WN, int MI, int NJ, int S>
+struct GemmQ {
+    using P = GemmTile<WM, WN, MI, NJ, 64, S>;
+    static constexpr int SW = 256;                          // weights of a row's raw super-step: 4 k steps
+    static constexpr int SB = SW / Q::QK * Q::SIZE;         // its bytes
+    static constexpr int NC = (SB + 15) / 16 + 1;           // 16-byte chunks it spans at most, at any alignment
+    static constexpr int RS = NC * 16;
+    static constexpr int PPS = P::BK / Q::PART;             // a row's parts a k step
+    // As [S][BM][LD] | Bs [2][BN][LD] fp16 | raw [2][BN][RS] bytes (cuda_kernels.py GemmQLaunch computes the same)
+    static constexpr int SMEM = S * P::BM * P::LD * 2 + 2 * P::BN * P::LD * 2 + 2 * P::BN * RS;
+};
+
+template <class Q, int WM, int WN, int MI, int NJ, int S>
+__device__ __forceinline__ void gemm_q_tile(float* C, int ldc, const half_t* A, int lda,
+                                            const unsigned long long* ptrs, const int* tiles, int N, int Kd,
+                                            unsigned char* smem) {
+    using G = GemmQ<Q, WM, WN, MI, NJ, S>;
+    using P = typename G::P;
+    constexpr int LD = P::LD, BK = P::BK, BM = P::BM, BN = P::BN, T = P::THREADS;
+    static_assert(Q::PART == 32 && G::SW % Q::QK == 0, "block types of 32-weight parts");
+    static_assert(BM * P::CH % T == 0, "whole loader passes");
+    half_t(*As)[BM][LD] = reinterpret_cast<half_t(*)[BM][LD]>(smem);
+    half_t(*Bs)[BN][LD] = reinterpret_cast<half_t(*)[BN][LD]>(smem + S * BM * LD * 2);
+    unsigned char* raw = smem + S * BM * LD * 2 + 2 * BN * LD * 2;
+    const int g = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], r1 = tiles[3 * blockIdx.x + 2];
+    if (r0 >= r1) return;                       // an empty tile: a grid past the device's tiles (presync.py)
+    const int n0 = blockIdx.y * BN;
+    const uint8_t* Wg = reinterpret_cast<const uint8_t*>(ptrs[g]);
+    const long long rowb = (long long)(Kd / Q::QK) * Q::SIZE;        // a W row's bytes
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = (warp / WN) * 16 * MI, wn = (warp % WN) * 8 * NJ;
+    const int live = min(MI, max(0, (r1 - r0 - wm + 15) >> 4));
+    const half_t* asrc[P::NA];
+    bool aok[P::NA];
+#pragma unroll
+    for (int i = 0; i < P::NA; i++) {
+        const int c = tid + i * T, r = r0 + c / P::CH;
+        aok[i] = r < r1;
+        asrc[i] = A + (long long)(aok[i] ? r : r0) * lda + (c % P::CH) * 8;
+    }
+    const int nk = (Kd + BK - 1) / BK, nss = (Kd + G::SW - 1) / G::SW;
+    auto load_a = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < P::NA; i++) {
+            const int c = tid + i * T, k = k0 + (c % P::CH) * 8;
+            cp_async16(&As[stage][c / P::CH][(c % P::CH) * 8], asrc[i] + (k < Kd ? k0 : 0), aok[i] && k < Kd);
+        }
+    };
+    // super-step ss of every W row of the tile -> raw[buf]: the 16-byte words from the boundary at or below its
+    // first byte to the one at or above its last (an aligned 16-byte load never crosses a page); rows past N and
+    // words past the row's end read nothing
+    auto load_raw = [&](int buf, int ss) {
+        const long long off = (long long)ss * G::SB;
+        const int nb = (int)min((long long)G::SB, rowb - off);
+        for (int c = tid; c < BN * G::NC; c += T) {
+            const int r = c / G::NC, j = c - r * G::NC, n = n0 + r;
+            const unsigned long long s0 = reinterpret_cast<unsigned long long>(Wg + (long long)(n < N ? n : 0) * rowb + off);
+            const unsigned long long a0 = s0 & ~15ull;
+            const bool ok = n < N && 16 * j < (int)(s0 - a0) + nb;
+            cp_async16(raw + (buf * BN + r) * G::RS + 16 * j, reinterpret_cast<const void*>(a0 + 16 * j), ok);
+        }
+    };
+    // k step kt's weights of the tile's W rows -> Bs[buf], exactly as the dequantisation kernel rounds them. Rows
+    // past N are left as they are (they feed only output columns past N, never stored), parts past Kd too (no MMA
+    // reads them: Kd is a multiple of 32)
+    auto dequant = [&](int buf, int kt) {
+        const int ss = kt >> 2, w0 = (kt & 3) * BK;
+        const unsigned char* rb = raw + (ss & 1) * BN * G::RS;
+        for (int u = tid; u < BN * G::PPS; u += T) {
+            const int r = u / G::PPS, j = u - r * G::PPS, n = n0 + r, w = w0 + j * Q::PART;
+            if (n >= N || ss * G::SW + w >= Kd) continue;
+            const int head = (int)(reinterpret_cast<unsigned long long>(Wg + (long long)n * rowb +
+                                                                        (long long)ss * G::SB) & 15ull);
+            float v[Q::PART];
+            Q::dq_part(rb + r * G::RS + head + (w / Q::QK) * Q::SIZE, (w % Q::QK) / Q::PART, v);
+            store_part<Q>(v, &Bs[buf][r][j * Q::PART]);
+        }
+    };
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nk) load_a(s, s);
+        if (s == 0) load_raw(0, 0);
+        cp_async_commit();
+    }
+    cp_async_wait_stages<S>();
+    __syncthreads();                            // super-step 0 landed for every thread
+    dequant(0, 0);
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait_stages<S>();
+        // A stage kt and Bs[kt & 1] ready for every warp; every warp is done with stage kt - 1's MMAs (and so with
+        // Bs[(kt + 1) & 1]); super-step kt / 4 + 1, issued at step kt - 3 or earlier (S <= 4), has landed
+        __syncthreads();
+        if (kt + S - 1 < nk) load_a((kt + S - 1) % S, kt + S - 1);
+        if ((kt & 3) == 0 && (kt >> 2) + 1 < nss) load_raw(((kt >> 2) + 1) & 1, (kt >> 2) + 1);
+        cp_async_commit();
+        if (live) tile_mma<P, MI, NJ>(acc, As[kt % S], Bs[kt & 1], kt * BK, Kd, live, wm, wn, lane);
+        if (kt + 1 < nk) dequant((kt + 1) & 1, kt + 1);
+    }
+    cp_async_wait_all();
+    tile_store<MI, NJ>(C, ldc, acc, r0, r1, n0 + wn, wm, N, lane);
+}
+
+// gemm_grouped's two tilings (mma.cuh GEMM64_ARGS, GEMM128_ARGS) without their k step: WM, WN, MI, NJ, S
+#define GEMMQ64_ARGS 2, 4, 2, 4, 3
+#define GEMMQ128_ARGS 2, 2, 4, 8, 3
+
+#define STRATA_GEMM_Q(nm)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GemmTile<GEMM64_ARGS>::THREADS)                             \
+        gemm_q_##nm(float* C, int ldc, const half_t* A, int lda, const unsigned long long* ptrs,            \
+                    const int* tiles, int N, int Kd) {                                                       \
+        extern __shared__ __align__(16) unsigned char smem_raw[];                                            \
+        gemm_q_tile<nm##_t, GEMMQ64_ARGS>(C, ldc, A, lda, ptrs, tiles, N, Kd, smem_raw);                     \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GemmTile<GEMM128_ARGS>::THREADS)                            \
+        gemm_q128_##nm(float* C, int ldc, const half_t* A, int lda, const unsigned long long* ptrs,         \
+                       const int* tiles, int N, int Kd) {                                                    \
+        extern __shared__ __align__(16) unsigned char smem_raw[];                                            \
+        gemm_q_tile<nm##_t, GEMMQ128_ARGS>(C, ldc, A, lda, ptrs, tiles, N, Kd, smem_raw);                    \
+    }
+
+STRATA_GEMM_Q(q4_0)
+STRATA_GEMM_Q(q4_1)
+STRATA_GEMM_Q(q5_0)
+STRATA_GEMM_Q(q5_1)
+STRATA_GEMM_Q(q8_0)
+STRATA_GEMM_Q(q2_0)
+STRATA_GEMM_Q(iq4_nl)
+STRATA_GEMM_Q(mxfp4)
+STRATA_GEMM_Q(iq4_xs)
+STRATA_GEMM_Q(q2_k)
+STRATA_GEMM_Q(q3_k)
+STRATA_GEMM_Q(q4_k)
+STRATA_GEMM_Q(q5_k)
+STRATA_GEMM_Q(q6_k)
+STRATA_GEMM_Q(iq2_xxs)
+STRATA_GEMM_Q(iq2_xs)
+STRATA_GEMM_Q(iq2_s)
+STRATA_GEMM_Q(iq3_xxs)
+STRATA_GEMM_Q(iq3_s)
+STRATA_GEMM_Q(iq1_s)
+STRATA_GEMM_Q(iq1_m)
