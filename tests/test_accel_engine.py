@@ -273,31 +273,69 @@ def test_the_weight_scratch_size_does_not_change_the_bits(kind, prompts):
     smaller scratch for a larger chunk): every prompt dequantisation writes at most that many experts' weights.
     An expert's rows never depend on the experts beside it in a launch, so every group size gives the same bits,
     cached or streamed, on either walk, and in the decode steps after it (few_rows=0: every expert takes the
-    scratch)."""
+    scratch). With gemm_q (the default) the GEMM reads the blobs: no dequantisation at all, and the same bits."""
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path("tiny-qwen3moe"))
     ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
     n_pairs = m.cfg.n_layer * m.cfg.n_expert
     outs = {}
-    for group in (16, 4, 1):
+    for gemm_q, group in ((False, 16), (False, 4), (False, 1), (True, 16), (True, 1)):
         for cached, stream_min in ((n_pairs, None), (n_pairs // 2, None), (0, 0)):
             dev = make_device(kind)
             try:
-                eng = GpuEngine(m, dev, n_ctx=len(ids) + 6, expert_cache=cached, few_rows=0,
-                                prompt_groups=(group,), config=policy.Config(stream_min=stream_min))
+                eng = GpuEngine(m, dev, n_ctx=len(ids) + 6, expert_cache=cached, few_rows=0, prompt_groups=(group,),
+                                config=policy.Config(stream_min=stream_min, gemm_q=gemm_q))
                 assert eng.plan.group == group
-                written, dequant = [], dev.k.dequant
+                assert set(eng.arena.types[0]) <= dev.k.gemm_q_types     # the model's experts all can take gemm_q
+                written, fused, dequant, gemm_q_fn = [], [], dev.k.dequant, dev.k.gemm_q
                 dev.k.dequant = lambda out, *a, **kw: (written.append(out.shape[0]), dequant(out, *a, **kw))[1]
+                dev.k.gemm_q = lambda *a, **kw: (fused.append(a[7]), gemm_q_fn(*a, **kw))[1]
                 out = [eng.prefill(ids, all_logits=True)]
-                dev.k.dequant = dequant                 # decode's own buffers hold memplan.GROUP experts
-                outs[group, cached] = np.concatenate(out + [eng.decode([t]) for t in (5, 6)])
+                dev.k.dequant, dev.k.gemm_q = dequant, gemm_q_fn    # decode's own buffers hold memplan.GROUP experts
+                outs[gemm_q, group, cached] = np.concatenate(out + [eng.decode([t]) for t in (5, 6)])
             finally:
                 dev.close()
-            assert written and max(written) <= group, (group, cached, sorted(set(written)))
-    base = outs[16, n_pairs]
+            if gemm_q:
+                assert fused and not written, (group, cached, len(fused), len(written))
+            else:
+                assert written and not fused and max(written) <= group, (group, cached, sorted(set(written)))
+    base = outs[False, 16, n_pairs]
     for key, got in outs.items():
-        assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"group/residency {key} changed the bits"
+        assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"gemm_q/group/residency {key} changed the bits"
+
+
+@pytest.mark.parametrize("kind", _devices())
+def test_groups_of_several_tiles_a_member_keep_the_scratch(kind, prompts, monkeypatch):
+    """moe.takes_gemm_q on the engine's groups, and PRE_Q_ROWS on the pre-sync ones (their tiles made on the
+    device): with GEMM_Q_TILES below one tile a member and PRE_Q_ROWS below 0 no group qualifies, so every many-row
+    expert is dequantised into the scratch and gemm_q never runs, with gemm_q's bits; all cached (pre-sync
+    groups) and none (the routed-only walk's)."""
+    import strata.accel.moe as moe
+
+    m = models.load(golden.model_path("tiny-qwen3moe"))
+    ids = Tokenizer.from_metadata(m.metadata).encode(prompts[0])
+    outs, calls = {}, {}
+    for rule in ((moe.GEMM_Q_TILES, moe.PRE_Q_ROWS), (0.5, -1)):
+        monkeypatch.setattr(moe, "GEMM_Q_TILES", rule[0])
+        monkeypatch.setattr(moe, "PRE_Q_ROWS", rule[1])
+        for cached in (None, 0):
+            dev = make_device(kind)
+            n = calls[rule, cached] = {"dequant": 0, "gemm_q": 0}
+            for name in n:
+                def spy(*a, _f=getattr(dev.k, name), _n=name, **kw):
+                    n[_n] += 1
+                    return _f(*a, **kw)
+                setattr(dev.k, name, spy)
+            try:
+                outs[rule, cached], _ = _run(m, dev, ids, [5, 6], few_rows=0, expert_cache=cached)
+            finally:
+                dev.close()
+    for (rule, cached), n in calls.items():
+        assert (n["gemm_q"] > 0) == (rule[0] > 1) and (n["dequant"] > 0) == (rule[0] < 1), calls
+        assert np.array_equal(outs[rule, cached].view(np.uint32), outs[rule, None].view(np.uint32))
+    assert np.array_equal(outs[(0.5, -1), None].view(np.uint32),
+                          outs[(moe.GEMM_Q_TILES, moe.PRE_Q_ROWS), None].view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", _devices())
@@ -305,8 +343,8 @@ def test_each_gemm_launch_gets_tiles_its_kernel_takes(kind, prompts, monkeypatch
     """A launch group whose GEMM experts all have more than moe.GEMM_BM rows is cut at the kernels' larger tile
     (rows_host.many_tile; on CUDA gemm_grouped_mma128's 128 rows), and gemm_grouped is told which, so it picks a
     kernel whose block holds every tile. With both tiles shrunk (2 and 4 rows, so a golden prompt has groups of
-    each kind) every launch's tiles fit the size it is given, both sizes occur, and the logits keep the bits of
-    the default tiling, at every residency (the two kernels make the same sums)."""
+    each kind) every launch's tiles fit the size it is given (gemm_grouped's or gemm_q's), both sizes occur, and
+    the logits keep the bits of the default tiling, at every residency (the two kernels make the same sums)."""
     import strata.accel.moe as moe
 
     m = models.load(golden.model_path("tiny-qwen3moe"))
@@ -321,13 +359,20 @@ def test_each_gemm_launch_gets_tiles_its_kernel_takes(kind, prompts, monkeypatch
             if small:
                 dev.k.gemm_big_rows = 4
 
-                def spy(out, a, w, tiles, n_tiles, stream, max_rows=None, _f=dev.k.gemm_grouped):
+                def check(tiles, n_tiles, max_rows):
                     seen.add(max_rows)
                     if kind == "host":
                         t = np.asarray(tiles)[:n_tiles]
                         assert (t[:, 2] - t[:, 1] <= max_rows).all(), (max_rows, t.tolist())
+
+                def spy(out, a, w, tiles, n_tiles, stream, max_rows=None, _f=dev.k.gemm_grouped):
+                    check(tiles, n_tiles, max_rows)
                     return _f(out, a, w, tiles, n_tiles, stream, max_rows)
-                dev.k.gemm_grouped = spy
+
+                def spy_q(out, a, blobs, qtype, n, k, tiles, n_tiles, stream, max_rows=None, _f=dev.k.gemm_q):
+                    check(tiles, n_tiles, max_rows)
+                    return _f(out, a, blobs, qtype, n, k, tiles, n_tiles, stream, max_rows)
+                dev.k.gemm_grouped, dev.k.gemm_q = spy, spy_q
             try:
                 outs[small, cached], _ = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=0)
             finally:
@@ -340,8 +385,8 @@ def test_each_gemm_launch_gets_tiles_its_kernel_takes(kind, prompts, monkeypatch
 
 @pytest.mark.parametrize("kind", _devices())
 def test_few_row_experts_run_from_their_blobs(kind, prompts):
-    """moe.FEW_ROWS: experts of at most `few_rows` rows skip the fp16 scratch (`expert_rows`), the rest take
-    dequant + gemm_grouped. Each threshold keeps residency out of the bits (the path depends on the row count
+    """moe.FEW_ROWS: experts of at most `few_rows` rows run from their blobs (`expert_rows`), the rest take the
+    grouped GEMM (gemm_q, or dequant + gemm_grouped). Each threshold keeps residency out of the bits (the path depends on the row count
     only); the paths differ only in fp32 summation order, which can flip an fp16 rounding of a matrix input (one
     fp16 ulp, 2^-11 relative) that later layers carry: logits agree to 2e-3 of their scale, top-1 everywhere."""
     m = models.load(golden.model_path("tiny-qwen3moe"))
@@ -352,7 +397,7 @@ def test_few_row_experts_run_from_their_blobs(kind, prompts):
     for few in (0, 8, 1 << 20):
         for cached in (n_pairs, n_pairs // 2, 0):
             dev = make_device(kind)
-            calls = {"expert_rows": 0, "gemm_grouped": 0}
+            calls = {"expert_rows": 0, "gemm_grouped": 0, "gemm_q": 0}
             for name in calls:
                 def spy(*a, _f=getattr(dev.k, name), _n=name, **kw):
                     calls[_n] += 1
@@ -362,8 +407,8 @@ def test_few_row_experts_run_from_their_blobs(kind, prompts):
                 outs[few, cached], _ = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=few)
             finally:
                 dev.close()
-            assert (calls["expert_rows"] > 0) == (few > 0) and (calls["gemm_grouped"] > 0) == (few < 1 << 20), \
-                (few, calls)
+            many = calls["gemm_grouped"] + calls["gemm_q"]
+            assert (calls["expert_rows"] > 0) == (few > 0) and (many > 0) == (few < 1 << 20), (few, calls)
     for few in (0, 8, 1 << 20):
         for cached in (n_pairs // 2, 0):
             assert np.array_equal(outs[few, cached].view(np.uint32), outs[few, n_pairs].view(np.uint32)), \

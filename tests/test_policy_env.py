@@ -115,6 +115,9 @@ def test_values():
     assert not cfg(DECODE_GRAPH="0").decode_graph and cfg(DECODE_GRAPH="on").decode_graph
     assert not cfg(PROMPT_GRAPH="0").prompt_graph and cfg(PROMPT_GRAPH="1").prompt_graph
     assert not cfg(PROMPT_GUESS="off").prompt_guess and cfg().prompt_guess
+    assert not cfg(GEMM_Q="0").gemm_q and cfg().gemm_q
+    with pytest.raises(ConfigError, match=re.escape("STRATA_GEMM_Q='maybe': expected a switch")):
+        cfg(GEMM_Q="maybe")
 
 
 def test_from_process(monkeypatch):

@@ -324,3 +324,23 @@ def test_row_tables_ride_in_the_expert_tables_upload():
         assert none == [] and (s2 == -1).all() and (r2 == -1).all()
     finally:
         dev.close()
+
+
+def test_a_group_takes_gemm_q_where_its_tiles_are_about_one_a_member():
+    """gemm_q dequantises W again in every row tile, so a group takes it only cut at the small tile with at most
+    GEMM_Q_TILES tiles a many-row member (moe.takes_gemm_q); else the scratch path, whose bits are the same."""
+    from strata.accel.moe import GEMM_BM, GEMM_Q_TILES, takes_gemm_q
+
+    n = 16
+    most = int(GEMM_Q_TILES * n)
+    assert takes_gemm_q(GEMM_BM, n, n) and takes_gemm_q(GEMM_BM, most, n)
+    assert not takes_gemm_q(GEMM_BM, most + 1, n)
+    assert not takes_gemm_q(2 * GEMM_BM, n, n)          # the larger tile: experts of many rows
+    assert not takes_gemm_q(GEMM_BM, 0, 0)              # no many-row member
+
+
+def test_a_pre_sync_group_takes_gemm_q_where_its_experts_are_expected_to_have_few_rows():
+    from strata.accel.moe import GEMM_BM, PRE_Q_ROWS, pre_takes_gemm_q
+
+    assert pre_takes_gemm_q(GEMM_BM, None) and pre_takes_gemm_q(GEMM_BM, PRE_Q_ROWS)
+    assert not pre_takes_gemm_q(GEMM_BM, PRE_Q_ROWS + 1) and not pre_takes_gemm_q(2 * GEMM_BM, None)

@@ -101,7 +101,9 @@ class GpuEngine(MoeBlock):
                  f"({'profile' if profile_order else 'uniform'} order), {p.cache_slots} slots")
         # decode-only resources: their own step buffers and an 8-slot ring
         self.dbufs = carve(c, MAXT, GROUP, attn_scratch_bytes(c, MAXT, n_ctx), Carver(dev))
-        self.drunner = ExpertRunner(dev, c, self.arena.types, self.dbufs, few_rows)
+        # the weight types whose many-row experts' GEMM reads their blobs (Kernels.gemm_q; STRATA_GEMM_Q=0: none)
+        self.gemm_q_types = dev.k.gemm_q_types if self.config.gemm_q else frozenset()
+        self.drunner = ExpertRunner(dev, c, self.arena.types, self.dbufs, few_rows, fused=self.gemm_q_types)
         self.dring = Ring(dev, dev.empty((ROUTED_ONLY_RING, p.slot_bytes), np.uint8))
         self.prompt_region = None
         if p.owned_prompt:
@@ -387,7 +389,8 @@ class GpuEngine(MoeBlock):
         if self.cpu_block is not None and self._shareable:
             self.cpu_block.policy.begin_chunk(len(tokens))     # auto learns per size class (policy.SizedShare)
             self.cpu_block.rouse_ahead(0)                       # the pool wakes for a first layer that shares
-        self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows, self.pre_graphs)
+        self._runner = ExpertRunner(self.dev, c, self.arena.types, bufs, self.few_rows, self.pre_graphs,
+                                    self.gemm_q_types)
         self._ring, self._walk, self._pre = ring, None, None
         if walk is WalkKind.STREAM_ALL:
             queue = stream_all_queue([self.cache.resident(l) for l in range(c.n_layer)])

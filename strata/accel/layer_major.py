@@ -230,7 +230,7 @@ def run(eng, tokens: list[int], region, chunk: int, all_logits: bool, count_wast
     if eng.cache.poll():             # the last prompt's refill in flight: its slots hold no one resident yet
         dev.copy.synchronize()
         eng.cache.poll()
-    eng._runner = ExpertRunner(dev, c, eng.arena.types, bufs, eng.few_rows)
+    eng._runner = ExpertRunner(dev, c, eng.arena.types, bufs, eng.few_rows, fused=eng.gemm_q_types)
     eng._ring, eng._walk, eng._pre, eng._counted, eng._shareable = None, None, None, None, False
     adm = eng._admissions = Admissions(dev, eng.cache, eng.arena, eng.routes, chunk, count_waste)
     pos0, chunk0 = eng.pos, eng.n_chunks

@@ -3,8 +3,9 @@
 Legend: T tokens, K top-k, R = T·K rows, D hidden, F expert FFN, G experts per launch group.
 Row order (Dm): [resident experts by id | streamed experts by id | CPU experts by id]; each expert owns a
 contiguous row range, its tokens in order. Experts are computed in groups. An expert with few rows (at most
-`few_rows`) runs straight from its blob (`expert_rows`: the blob read once, no fp16 copy); the others are
-dequantised into fp16 scratch for a grouped GEMM. Either way: gate|up, SwiGLU, down, straight into their Dm rows.
+`few_rows`) runs straight from its blob (`expert_rows`: the blob read once, no fp16 copy); the others take a grouped
+GEMM on tensor cores, which dequantises their blobs itself (`gemm_q`, the types the kernels have it for) or reads
+an fp16 scratch `dequant` filled (the same bits). Either way: gate|up, SwiGLU, down, straight into their Dm rows.
 Which path an expert takes depends only on its row count, so residency never changes the arithmetic.
 """
 
@@ -22,6 +23,11 @@ GEMM_BM = 64           # rows per GEMM tile (gemm_grouped_mma's block tile); a l
                        # all have more takes Kernels.gemm_big_rows-row tiles where the kernels have them
                        # (rows_host.many_tile: gemm_grouped_mma128's 128)
 ROWS_TILE = 8          # rows per expert_rows tile (cuda/rows_kernels.cu ER_RT)
+GEMM_Q_TILES = 1.25    # gemm_q takes a group cut at GEMM_BM rows with at most this many tiles a many-row member: it
+                       # dequantises W again in every tile (bench/results/h200/gemm_q_stop55.log: 0.63-0.92x the
+                       # scratch path at 16-56 rows an expert, 1.4-2.9x at 128-512 on 128-row tiles)
+PRE_Q_ROWS = 48        # a pre-sync group (its tiles made on the device) takes gemm_q where its layer's routed experts
+                       # are expected to get at most this many rows on average, so that few need a second tile
 FEW_ROWS = ROWS_TILE   # experts of one tile skip the fp16 scratch: each blob byte read once (bench/prefill.py
                        # --few-rows 16,0,8 on the H200, prefill_f8_fewrows.log: 16 re-reads blobs and was slower)
 
@@ -74,6 +80,19 @@ def row_order(cnt: np.ndarray, parts: tuple[np.ndarray, np.ndarray, np.ndarray])
     return RowLayout(None, order, off, cnt, None, None, res.tolist(), strm.tolist(), cpu_ids.tolist(), rank, starts)
 
 
+def takes_gemm_q(bm: int, n_tiles: int, n_many: int) -> bool:
+    """Whether a group's many-row experts take gemm_q (where the kernels have it for their types): tiles of GEMM_BM
+    rows, about one a member (GEMM_Q_TILES). The bits are the scratch path's either way."""
+    return n_many > 0 and bm == GEMM_BM and n_tiles <= GEMM_Q_TILES * n_many
+
+
+def pre_takes_gemm_q(bm: int, rows: float | None) -> bool:
+    """takes_gemm_q for a pre-sync group, whose tiles the device makes: its tiling's small tile, and its layer's
+    routed experts expected to get at most PRE_Q_ROWS rows on average (rows, the route memory's; None: no history
+    yet, taken as few, as the tiling takes it)."""
+    return bm == GEMM_BM and (0.0 if rows is None else rows) <= PRE_Q_ROWS
+
+
 def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
     """Byte offsets of the gate, up and down matrices in an expert blob of these types: [gate | up | down]."""
     from strata import quants
@@ -86,7 +105,7 @@ def blob_offsets(cfg, types: tuple[int, int, int]) -> tuple[int, int, int]:
 @dataclass
 class GroupTables:
     """A group's device tables: `few` for expert_rows (blob tables over every member, tiles of ROWS_TILE rows
-    of the few-row members, g = member index), `many` for dequant + gemm_grouped (blob tables over the
+    of the few-row members, g = member index), `many` for gemm_q or dequant + gemm_grouped (blob tables over the
     many-row members only, tiles of `rows` rows, g = index among them). Each is (gate, up, down, tiles, n_tiles).
     rows: the row tile the many-row tiles were cut at (rows_host.many_tile), which picks the GEMM kernel."""
 
@@ -100,8 +119,10 @@ class ExpertRunner:
     """Computes groups of experts into Dm. Owns the fp16 weight scratch; knows each layer's blob layout."""
 
     def __init__(self, dev, cfg, layer_types: list[tuple[int, int, int]], bufs, few_rows: int = FEW_ROWS,
-                 graphs=None):
+                 graphs=None, fused: frozenset | None = None):
         self.dev, self.k, self.cfg, self.bufs = dev, dev.k, cfg, bufs
+        # the weight types whose many-row experts take Kernels.gemm_q (no fp16 scratch); None: all the kernels take
+        self.fused = dev.k.gemm_q_types if fused is None else fused
         self.graphs, self._where = graphs, None       # the engine's presync.PreGraphs, or None: launched one by one
         self.types = layer_types
         self.offsets = [blob_offsets(cfg, t) for t in layer_types]
@@ -141,20 +162,22 @@ class ExpertRunner:
         have one (rows_host.many_tile's choice, made before the counts are known)."""
         return self.few_rows, ROWS_TILE, self.k.gemm_big_rows if big and self.k.gemm_big_rows > GEMM_BM else GEMM_BM
 
-    def group_pre(self, layer: int, g, read=None) -> None:
+    def group_pre(self, layer: int, g, read=None, rows: float | None = None) -> None:
         """Enqueue a pre-sync group (presync.PreGroup g, tables the device made from the routing): the same launches
         as `group`, over grids of its capacity whose blocks past the device's tiles exit, the scratch indexed by
         member (a member that takes expert_rows has no many-row pointer, so dequant leaves its scratch alone).
         `read`: an event to record once the members' blobs are read (the last launch that reads them). With the
         engine's PreGraphs the launches go as graphs (presync.PreGraphs), `read` recorded between two of them; not
-        where gate and up differ in type (their dequantisation takes a temporary)."""
+        where gate and up differ in type and take the scratch (their dequantisation takes a temporary). `rows`: the
+        route memory's mean rows an expert of the layer, which decide gemm_q (PRE_Q_ROWS)."""
         s, tg, tu = self.dev.compute, *self.types[layer][:2]
         gr = self.graphs
-        if gr is None or tg != tu:
-            self._pre_first(layer, g)
+        fz = self._fused(layer, pre_takes_gemm_q(g.bm, rows))
+        if gr is None or (tg != tu and not fz[0]):
+            self._pre_first(layer, g, fz)
             if read is not None:
                 read.record(s)
-            self._pre_last(layer, g)
+            self._pre_last(layer, g, fz)
             return
         if self._where is None:                   # the chunk's buffers: one key part for all its groups
             b = self.bufs
@@ -165,27 +188,67 @@ class ExpertRunner:
             g_key = where(g)
         else:
             g_key = g
-        key = (self._where, self.types[layer], g_key)
+        key = (self._where, self.types[layer], fz, g_key)
         if read is None:
-            gr.run(key + (0,), lambda: (self._pre_first(layer, g), self._pre_last(layer, g)))
+            gr.run(key + (0,), lambda: (self._pre_first(layer, g, fz), self._pre_last(layer, g, fz)))
             return
-        gr.run(key + (1,), lambda: self._pre_first(layer, g))
+        gr.run(key + (1,), lambda: self._pre_first(layer, g, fz))
         read.record(s)                            # a new event each group: recorded outside the graphs
-        if g.ng:
-            gr.run(key + (2,), lambda: self._pre_last(layer, g))
+        if g.ng and not fz[1]:
+            gr.run(key + (2,), lambda: self._pre_last(layer, g, fz))
 
-    def _pre_first(self, layer: int, g) -> None:
+    def _fused(self, layer: int, fits: bool) -> tuple[bool, bool]:
+        """Whether a group of a layer takes gemm_q straight from the blobs for (gate|up, down): where its tiles
+        suit it (`fits`, takes_gemm_q) and the kernels have it for the types."""
+        tg, tu, td = self.types[layer]
+        return fits and tg in self.fused and tu in self.fused, fits and td in self.fused
+
+    def _gate_up(self, layer: int, blobs: tuple, tiles, n_tiles: int, bm: int, fz: tuple[bool, bool]) -> None:
+        """GU[rows] = Xg[rows] · Wgu[g]ᵀ for the many-row members: gemm_q from their blobs (blobs: the gate and up
+        tables) where the layer's types allow, else gemm_grouped from the scratch `_dequant` filled."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+        tg, tu, _ = self.types[layer]
+        if not fz[0]:
+            k.gemm_grouped(b.gu, b.xg, b.w_gu, tiles, n_tiles, s, bm)
+        elif tg == tu:    # [gate rows | up rows] is one [2F, D] matrix of one type
+            k.gemm_q(b.gu, b.xg, blobs[0], tg, 2 * F, D, tiles, n_tiles, s, bm)
+        else:
+            k.gemm_q(b.gu[:, :F], b.xg, blobs[0], tg, F, D, tiles, n_tiles, s, bm)
+            k.gemm_q(b.gu[:, F:], b.xg, blobs[1], tu, F, D, tiles, n_tiles, s, bm)
+
+    def _down(self, layer: int, blob, tiles, n_tiles: int, bm: int, fz: tuple[bool, bool]) -> None:
+        """Dm[rows] = H[rows] · Wd[g]ᵀ for the many-row members, as `_gate_up`."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+        td = self.types[layer][2]
+        if fz[1]:
+            k.gemm_q(b.dm, b.hh, blob, td, self.cfg.n_embd, self.cfg.n_ff_exp, tiles, n_tiles, s, bm)
+        else:
+            k.gemm_grouped(b.dm, b.hh, b.w_d, tiles, n_tiles, s, bm)
+
+    def _dequant(self, layer: int, blobs: tuple, n: int, fz: tuple[bool, bool]) -> None:
+        """The scratch of the matrices that do not take gemm_q: the members' fp16 weights (the kernel fills g < n
+        only; out of a split gate|up of two types, each half alone)."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+        D, F = self.cfg.n_embd, self.cfg.n_ff_exp
+        tg, tu, td = self.types[layer]
+        fgu, fd = fz
+        if not fgu:
+            if tg == tu:
+                k.dequant(b.w_gu, blobs[0], tg, 2 * F, D, s)
+            else:
+                k.dequant(b.w_gu[:n, :F], blobs[0], tg, F, D, s)
+                k.dequant(b.w_gu[:n, F:], blobs[1], tu, F, D, s)
+        if not fd:
+            k.dequant(b.w_d, blobs[2], td, D, F, s)
+
+    def _pre_first(self, layer: int, g, fz: tuple[bool, bool]) -> None:
         """group_pre's launches up to the last that reads the members' blobs."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F = self.cfg.n_embd, self.cfg.n_ff_exp
         tg, tu, td = self.types[layer]
         if g.ng:
-            if tg == tu:
-                k.dequant(b.w_gu, g.many[0], tg, 2 * F, D, s)
-            else:
-                k.dequant(b.w_gu[:, :F], g.many[0], tg, F, D, s)
-                k.dequant(b.w_gu[:, F:], g.many[1], tu, F, D, s)
-            k.dequant(b.w_d, g.many[2], td, D, F, s)
+            self._dequant(layer, g.many, b.w_d.shape[0], fz)
         if g.nf:
             if tg == tu:
                 k.expert_rows(b.gu, b.xg, g.few[0], g.tf, g.nf, tg, 2 * F, D, s)
@@ -193,19 +256,23 @@ class ExpertRunner:
                 k.expert_rows(b.gu[:, :F], b.xg, g.few[0], g.tf, g.nf, tg, F, D, s)
                 k.expert_rows(b.gu[:, F:], b.xg, g.few[1], g.tf, g.nf, tu, F, D, s)
         if g.ng:
-            k.gemm_grouped(b.gu, b.xg, b.w_gu, g.tg, g.ng, s, g.bm)               # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+            self._gate_up(layer, g.many, g.tg, g.ng, g.bm, fz)
         k.swiglu_span(b.hh, b.gu, g.span, F, b.rows, s)                          # H = silu(G) · U
         if g.nf:
             k.expert_rows(b.dm, b.hh, g.few[2], g.tf, g.nf, td, D, F, s)
+        if g.ng and fz[1]:
+            self._down(layer, g.many[2], g.tg, g.ng, g.bm, fz)
 
-    def _pre_last(self, layer: int, g) -> None:
-        """group_pre's down GEMM, from the dequantised scratch: after the members' blobs are read."""
-        if g.ng:
-            self.k.gemm_grouped(self.bufs.dm, self.bufs.hh, self.bufs.w_d, g.tg, g.ng, self.dev.compute, g.bm)
+    def _pre_last(self, layer: int, g, fz: tuple[bool, bool]) -> None:
+        """group_pre's down GEMM from the dequantised scratch: after the members' blobs are read (a down that takes
+        gemm_q reads them, and runs in `_pre_first`)."""
+        if g.ng and not fz[1]:
+            self._down(layer, g.many[2], g.tg, g.ng, g.bm, fz)
 
     def group(self, layer: int, members: list[int], tab: GroupTables, lay: RowLayout, on_released=None):
-        """Enqueue one group (its `tables` entry): the many-row members dequantised into scratch; gate|up for
-        both paths, SwiGLU, down; then release the blobs (on_released) once nothing reads them."""
+        """Enqueue one group (its `tables` entry): the many-row members' gate|up (gemm_q from their blobs, or
+        dequantised into scratch for gemm_grouped), the few-row members' from their blobs, SwiGLU, down; the blobs
+        released (on_released) right after the last launch that reads them."""
         k, s, b = self.k, self.dev.compute, self.bufs
         D, F = self.cfg.n_embd, self.cfg.n_ff_exp
         n = tab.n_many
@@ -213,14 +280,11 @@ class ExpertRunner:
         tg, tu, td = self.types[layer]
         f_gate, f_up, f_down, f_tiles, n_few = tab.few
         m_gate, m_up, m_down, m_tiles, n_tiles = tab.many
+        fz = self._fused(layer, takes_gemm_q(tab.rows, n_tiles, n))
+        fgu, fd = fz
         if n:
-            if tg == tu:   # [gate rows | up rows] is one [2F, D] matrix of one type (the kernel fills g < n only)
-                k.dequant(b.w_gu, m_gate, tg, 2 * F, D, s)
-            else:
-                k.dequant(b.w_gu[:n, :F], m_gate, tg, F, D, s)
-                k.dequant(b.w_gu[:n, F:], m_up, tu, F, D, s)
-            k.dequant(b.w_d, m_down, td, D, F, s)
-            if on_released and not n_few:
+            self._dequant(layer, tab.many, n, fz)
+            if on_released and not n_few and not fgu and not fd:
                 on_released()
         r0 = int(lay.off[members[0]])
         r1 = int(lay.off[members[-1]] + lay.cnt[members[-1]])
@@ -231,11 +295,15 @@ class ExpertRunner:
                 k.expert_rows(b.gu[:, :F], b.xg, f_gate, f_tiles, n_few, tg, F, D, s)
                 k.expert_rows(b.gu[:, F:], b.xg, f_up, f_tiles, n_few, tu, F, D, s)
         if n:                      # tab.rows, the row tile the tables were cut at, picks the kernel (the same sums)
-            k.gemm_grouped(b.gu, b.xg, b.w_gu, m_tiles, n_tiles, s, tab.rows)  # GU[rows] = Xg[rows] · Wgu[g]ᵀ
+            self._gate_up(layer, tab.many, m_tiles, n_tiles, tab.rows, fz)
+            if on_released and fgu and not fd and not n_few:
+                on_released()
         k.swiglu(b.hh[r0:r1], b.gu[r0:r1], F, s)                          # H = silu(G) · U
         if n_few:
             k.expert_rows(b.dm, b.hh, f_down, f_tiles, n_few, td, D, F, s)
-            if on_released:
+            if on_released and not fd:
                 on_released()
         if n:
-            k.gemm_grouped(b.dm, b.hh, b.w_d, m_tiles, n_tiles, s, tab.rows)  # Dm[rows] = H[rows] · Wdᵀ
+            self._down(layer, m_down, m_tiles, n_tiles, tab.rows, fz)
+            if on_released and fd:
+                on_released()

@@ -342,7 +342,7 @@ class MoeBlock:
                     walk.acquire(list(range(n_g)))
                 read = self.dev.event(timing=False)     # its members' ring slots are free from then (after the sync)
                 reads.append(read)
-            runner.group_pre(layer, k.pre_group(pt, j, fill, tiling[2]), read)
+            runner.group_pre(layer, k.pre_group(pt, j, fill, tiling[2]), read, rows)
         return J1, J - J1, reads
 
     def _guess(self, layer: int, T: int) -> None:

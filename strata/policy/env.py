@@ -68,6 +68,8 @@ class Config:
     repeat_loan: bool = False  # STRATA_PREFILL_REPEAT_LOAN
     repeat_min_tokens: int = REPEAT_MIN_DEFAULT
     gemm: str = "mma"                      # STRATA_GEMM: the GPU experts' product kernel, mma (tensor cores) | simt
+    gemm_q: bool = True                    # STRATA_GEMM_Q: mma dequantises the many-row experts' blobs inside the
+                                           # GEMM (no fp16 scratch); off: a dequantisation kernel first
     dbg_link_gbps: float | None = None     # STRATA_DBG_LINK_GBPS: emulate a slower host->device link (GB/s)
     decode_graph: bool = True              # STRATA_DECODE_GRAPH: single-token decode as one captured graph (SPEC §8)
     prompt_graph: bool = True              # STRATA_PROMPT_GRAPH: a prompt's dense parts, pre-sync groups as graphs
@@ -122,7 +124,7 @@ _VARS = {f: "STRATA_PREFILL_" + f.upper() for f in (  # field -> variable: STRAT
     "cpu_share", "cpu_share_max", "stream_min", "ring", "lend_pct", "elastic_loan", "head_loan", "mtp_loan",
     "repeat_loan", "repeat_min_tokens")}
 _VARS.update(dbg_cpu_gate="STRATA_DBG_CPU_GATE", pool_pipeline="STRATA_POOL_PIPELINE",   # ... but these
-             gemm="STRATA_GEMM", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH",
+             gemm="STRATA_GEMM", gemm_q="STRATA_GEMM_Q", dbg_link_gbps="STRATA_DBG_LINK_GBPS", decode_graph="STRATA_DECODE_GRAPH",
              prompt_graph="STRATA_PROMPT_GRAPH", prompt_guess="STRATA_PROMPT_GUESS",
              prompt_layer_major="STRATA_PROMPT_LAYER_MAJOR")
 _INTS = {  # field -> (lowest, highest, default)
@@ -132,7 +134,7 @@ _INTS = {  # field -> (lowest, highest, default)
 # fmt: on
 _FLAGS = {f: False for f in ("dbg_cpu_gate", "pool_pipeline", "elastic_loan", "head_loan", "mtp_loan", "repeat_loan")}
 _FLAGS["decode_graph"] = _FLAGS["prompt_graph"] = _FLAGS["prompt_guess"] = True   # field -> value when unset
-_FLAGS["prompt_layer_major"] = True
+_FLAGS["prompt_layer_major"] = _FLAGS["gemm_q"] = True
 
 
 def from_process() -> Config:

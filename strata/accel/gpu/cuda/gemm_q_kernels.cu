@@ -15,6 +15,61 @@
 #include "dequant_store.cuh"
 #include "mma.cuh"
 
+// One part of a k step into the fp16 tile: the dequantisation kernels' own dq_part and store_part
+template <class Q>
+__device__ __forceinline__ void part_to_f16(const uint8_t* b, int p, uint16_t* o, bool aligned) {
+    float v[Q::PART];
+    Q::dq_part(b, p, v);
+    store_part<Q>(v, o);
+}
+
+// two floats -> fp16 bits (lo, hi) in one word by one cvt, each rounded as cvt.rn.f16.f32 rounds it
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    uint32_t d;
+    asm("{ cvt.rn.f16x2.f32 %0, %2, %1; }" : "=r"(d) : "f"(lo), "f"(hi));
+    return d;
+}
+
+// Q4_K with its block at a 16-byte boundary and finite scales (any other: the exact path above): dq_q4_k_part's
+// values and bits, its 32 codes read as two 16-byte words, each made a float by the exponent trick (2^23 + q
+// minus 2^23, exact) and rounded in pairs by one cvt. I2F and F2F issue at a quarter of the FP32 rate on sm_90,
+// and the part's byte loads, conversions and NaN checks were the fused kernel's bound (gemm_q_stop55.log).
+// Finite d·sc and dmin·m keep every value finite (no NaN to canonicalise; |y| < 2^26).
+template <>
+__device__ __forceinline__ void part_to_f16<q4_k_t>(const uint8_t* b, int p, uint16_t* o, bool aligned) {
+    uint32_t sc, mn;
+    scale_min_k4(b + 4, p, &sc, &mn);
+    const float d1 = fmul(f16_at(b), i2f(sc)), m1 = fmul(f16_at(b + 2), i2f(mn));
+    if (!aligned || !(fabsf(d1) <= 3.0e38f) || !(fabsf(m1) <= 3.0e38f)) {
+        float v[32];
+        dq_q4_k_part(b, p, v);
+        store_part<q4_k_t>(v, o);
+        return;
+    }
+    const uint4* qs = reinterpret_cast<const uint4*>(b + 16 + 32 * (p >> 1));
+    const int shift = 4 * (p & 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 q = qs[h];
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+        uint32_t out[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t x = (words[i] >> shift) & 0x0F0F0F0Fu;     // codes of weights 4i..4i+3, a byte each
+            float y[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float c = fsub(__uint_as_float(__byte_perm(x, 0x4B000000u, 0x7540u | j)), 8388608.f);
+                y[j] = fsub(fmul(d1, c), m1);
+            }
+            out[2 * i] = pack_f16x2(y[0], y[1]);
+            out[2 * i + 1] = pack_f16x2(y[2], y[3]);
+        }
+        reinterpret_cast<uint4*>(o)[2 * h] = make_uint4(out[0], out[1], out[2], out[3]);
+        reinterpret_cast<uint4*>(o)[2 * h + 1] = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+}
+
 template <class Q, int WM, int WN, int MI, int NJ, int S>
 struct GemmQ {
     using P = GemmTile<WM, WN, MI, NJ, 64, S>;
@@ -89,9 +144,8 @@ __device__ __forceinline__ void gemm_q_tile(float* C, int ldc, const half_t* A, 
             if (n >= N || ss * G::SW + w >= Kd) continue;
             const int head = (int)(reinterpret_cast<unsigned long long>(Wg + (long long)n * rowb +
                                                                         (long long)ss * G::SB) & 15ull);
-            float v[Q::PART];
-            Q::dq_part(rb + r * G::RS + head + (w / Q::QK) * Q::SIZE, (w % Q::QK) / Q::PART, v);
-            store_part<Q>(v, &Bs[buf][r][j * Q::PART]);
+            part_to_f16<Q>(rb + r * G::RS + head + (w / Q::QK) * Q::SIZE, (w % Q::QK) / Q::PART,
+                           &Bs[buf][r][j * Q::PART], head == 0 && Q::SIZE % 16 == 0);
         }
     };
     float acc[MI][NJ][4];
