@@ -102,23 +102,8 @@ __device__ __forceinline__ void gemm_q_tile(float* C, int ldc, const half_t* A, 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp / WN) * 16 * MI, wn = (warp % WN) * 8 * NJ;
     const int live = min(MI, max(0, (r1 - r0 - wm + 15) >> 4));
-    const half_t* asrc[P::NA];
-    bool aok[P::NA];
-#pragma unroll
-    for (int i = 0; i < P::NA; i++) {
-        const int c = tid + i * T, r = r0 + c / P::CH;
-        aok[i] = r < r1;
-        asrc[i] = A + (long long)(aok[i] ? r : r0) * lda + (c % P::CH) * 8;
-    }
+    const ARows<P> arows(A, lda, r0, r1, tid);
     const int nk = (Kd + BK - 1) / BK, nss = (Kd + G::SW - 1) / G::SW;
-    auto load_a = [&](int stage, int kt) {
-        const int k0 = kt * BK;
-#pragma unroll
-        for (int i = 0; i < P::NA; i++) {
-            const int c = tid + i * T, k = k0 + (c % P::CH) * 8;
-            cp_async16(&As[stage][c / P::CH][(c % P::CH) * 8], asrc[i] + (k < Kd ? k0 : 0), aok[i] && k < Kd);
-        }
-    };
     // super-step ss of every W row of the tile -> raw[buf]: the 16-byte words from the boundary at or below its
     // first byte to the one at or above its last (an aligned 16-byte load never crosses a page); rows past N and
     // words past the row's end read nothing
@@ -149,15 +134,10 @@ __device__ __forceinline__ void gemm_q_tile(float* C, int ldc, const half_t* A, 
         }
     };
     float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    tile_zero<MI, NJ>(acc);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nk) load_a(s, s);
+        if (s < nk) arows.load(As[s], s, Kd, tid);
         if (s == 0) load_raw(0, 0);
         cp_async_commit();
     }
@@ -169,7 +149,7 @@ __device__ __forceinline__ void gemm_q_tile(float* C, int ldc, const half_t* A, 
         // A stage kt and Bs[kt & 1] ready for every warp; every warp is done with stage kt - 1's MMAs (and so with
         // Bs[(kt + 1) & 1]); super-step kt / 4 + 1, issued at step kt - 3 or earlier (S <= 4), has landed
         __syncthreads();
-        if (kt + S - 1 < nk) load_a((kt + S - 1) % S, kt + S - 1);
+        if (kt + S - 1 < nk) arows.load(As[(kt + S - 1) % S], kt + S - 1, Kd, tid);
         if ((kt & 3) == 0 && (kt >> 2) + 1 < nss) load_raw(((kt >> 2) + 1) & 1, (kt >> 2) + 1);
         cp_async_commit();
         if (live) tile_mma<P, MI, NJ>(acc, As[kt % S], Bs[kt & 1], kt * BK, Kd, live, wm, wn, lane);

@@ -59,6 +59,42 @@ struct GemmTile {
     static constexpr int SMEM = S * (BM + BN) * LD * 2;                     // dynamic shared memory, bytes
 };
 
+// A tile's A rows r0..r1 staged a k step at a time: chunk c = tid + i·THREADS of a stage is row c / CH, halves
+// (c % CH)·8.. of it; rows past r1 and halves past Kd load zeros and read nothing
+template <class P>
+struct ARows {
+    const half_t* src[P::NA];
+    bool ok[P::NA];
+
+    __device__ __forceinline__ ARows(const half_t* A, int lda, int r0, int r1, int tid) {
+#pragma unroll
+        for (int i = 0; i < P::NA; i++) {
+            const int c = tid + i * P::THREADS, r = r0 + c / P::CH;
+            ok[i] = r < r1;
+            src[i] = A + (long long)(ok[i] ? r : r0) * lda + (c % P::CH) * 8;
+        }
+    }
+
+    __device__ __forceinline__ void load(half_t (*as)[P::LD], int kt, int Kd, int tid) const {
+        const int k0 = kt * P::BK;
+#pragma unroll
+        for (int i = 0; i < P::NA; i++) {
+            const int c = tid + i * P::THREADS, k = k0 + (c % P::CH) * 8;
+            cp_async16(&as[c / P::CH][(c % P::CH) * 8], src[i] + (k < Kd ? k0 : 0), ok[i] && k < Kd);
+        }
+    }
+};
+
+template <int MI, int NJ>
+__device__ __forceinline__ void tile_zero(float (*acc)[NJ][4]) {
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+}
+
 // One k step's MMAs of a warp: its (16·MI) x (8·NJ) tile from stage tiles as [BM][LD] (A rows) and bs [BN][LD]
 // (W rows), the k16 steps in ascending order, none at or past Kd (k0: the step's first k; a last stage past Kd
 // makes no MMA of zeros, so a tail changes no sum). live: this warp's m16 blocks holding rows (warp-uniform;
@@ -125,18 +161,11 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp / WN) * 16 * MI, wn = (warp % WN) * 8 * NJ;
     const int live = min(MI, max(0, (r1 - r0 - wm + 15) >> 4));     // this warp's m16 blocks holding rows
-    // loads: chunk c = tid + i·THREADS of a stage is row c / CH, halves (c % CH)·8.. of it; rows past r1 (A) or N
-    // (W), and halves past Kd, load zeros and read nothing
-    const half_t* asrc[P::NA];
-    bool aok[P::NA];
+    // loads: A's as ARows; W's chunk c = tid + i·THREADS of a stage is row c / CH, halves (c % CH)·8.. of it, rows
+    // past N and halves past Kd loading zeros and reading nothing
+    const ARows<P> arows(A, lda, r0, r1, tid);
     const half_t* bsrc[P::NB];
     bool bok[P::NB];
-#pragma unroll
-    for (int i = 0; i < P::NA; i++) {
-        const int c = tid + i * P::THREADS, r = r0 + c / P::CH;
-        aok[i] = r < r1;
-        asrc[i] = A + (long long)(aok[i] ? r : r0) * lda + (c % P::CH) * 8;
-    }
 #pragma unroll
     for (int i = 0; i < P::NB; i++) {
         const int c = tid + i * P::THREADS, n = n0 + c / P::CH;
@@ -146,11 +175,7 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     const int nk = (Kd + BK - 1) / BK;
     auto load = [&](int stage, int kt) {
         const int k0 = kt * BK;
-#pragma unroll
-        for (int i = 0; i < P::NA; i++) {
-            const int c = tid + i * P::THREADS, k = k0 + (c % P::CH) * 8;
-            cp_async16(&As[stage][c / P::CH][(c % P::CH) * 8], asrc[i] + (k < Kd ? k0 : 0), aok[i] && k < Kd);
-        }
+        arows.load(As[stage], kt, Kd, tid);
 #pragma unroll
         for (int i = 0; i < P::NB; i++) {
             const int c = tid + i * P::THREADS, k = k0 + (c % P::CH) * 8;
@@ -158,12 +183,7 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
         }
     };
     float acc[MI][NJ][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    tile_zero<MI, NJ>(acc);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < nk) load(s, s);
