@@ -11,7 +11,7 @@ import cupy as cp
 
 from gemm_kernel import _launch_of, _source_at
 from kernel_ab import AB
-from strata.accel.gpu.cuda_kernels import _tab_ptr
+from strata.accel.gpu.cuda_experts import _tab_ptr
 from strata.accel.moe import GEMM_BM
 
 path, lengths, rounds, rev = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4]

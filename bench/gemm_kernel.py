@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.accel.gpu import dequant as dq
-from strata.accel.gpu.cuda_kernels import GEMM64, GEMM128, GemmLaunch
+from strata.accel.gpu.cuda_experts import GEMM64, GEMM128, GemmLaunch
 from strata.accel.moe import GEMM_BM, ROWS_TILE
 from strata.accel.rows_host import group_tiles
 

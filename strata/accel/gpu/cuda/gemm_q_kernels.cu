@@ -78,7 +78,7 @@ struct GemmQ {
     static constexpr int NC = (SB + 15) / 16 + 1;           // 16-byte chunks it spans at most, at any alignment
     static constexpr int RS = NC * 16;
     static constexpr int PPS = P::BK / Q::PART;             // a row's parts a k step
-    // As [S][BM][LD] | Bs [2][BN][LD] fp16 | raw [2][BN][RS] bytes (cuda_kernels.py GemmQLaunch computes the same)
+    // As [S][BM][LD] | Bs [2][BN][LD] fp16 | raw [2][BN][RS] bytes (cuda_experts.py GemmLaunch.quantised: the same)
     static constexpr int SMEM = S * P::BM * P::LD * 2 + 2 * P::BN * P::LD * 2 + 2 * P::BN * RS;
 };
 

@@ -200,7 +200,7 @@ __device__ __forceinline__ void gemm_tile(float* C, int ldc, const half_t* A, in
     tile_store<MI, NJ>(C, ldc, acc, r0, r1, n0 + wn, wm, N, lane);
 }
 
-// the two instantiations' parameters (cuda_kernels.py reads their threads and shared memory from GEMM_LAUNCH):
+// the two instantiations' parameters (cuda_experts.py GemmLaunch reads their threads and shared memory):
 // 64-row tiles, 8 warps (2 x 4) of 32x32; 128-row tiles, 4 warps (2 x 2) of 64x64; both a k step of 64 in 3 stages
 #define GEMM64_ARGS 2, 4, 2, 4, 64, 3
 #define GEMM128_ARGS 2, 2, 4, 8, 64, 3
