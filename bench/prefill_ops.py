@@ -1,7 +1,7 @@
 """GPU time by kernel op over one prompt: a diagnostic of where a prefill's device time goes (not a benchmark).
 
 python bench/prefill_ops.py --model X.gguf [--prompts 900,2048] [--cache-frac 0.25] [--configs quarter,resident]
-                            [--device cuda|host]
+                            [--device cuda|host] [--ctx 8200]
 
 For each prompt length, the quarter-cache engine (the budget of bench/prefill.py) and the all-resident engine each
 run the prompt twice to warm up, once untimed for the wall time, then once with every `Kernels` method bracketed
@@ -67,6 +67,10 @@ def main():
     ap.add_argument("--cache-frac", type=float, default=0.25)
     ap.add_argument("--configs", default="quarter,resident", help="which engines: quarter, resident or both")
     ap.add_argument("--device", choices=("cuda", "host"), default="cuda", help="host: a smoke test on the CPU twin")
+    ap.add_argument("--ctx", type=int, default=8200,
+                    help="context tokens, bench/prefill.py's default: its plan's chunk, so its prompts' chunks (a "
+                         "context just past the prompt gave 768-token chunks, whose layer-major MoE blocks on the "
+                         "side stream overlap the compute stream's brackets, ops_q48_stop55.log)")
     a = ap.parse_args()
     from strata import models, policy
     from strata.accel.arena import Arena
@@ -78,7 +82,7 @@ def main():
     m = models.load(a.model)
     c = m.cfg
     dev = get_device(a.device)
-    n_ctx = max(lengths) + 8
+    n_ctx = max(a.ctx, max(lengths) + 8)
     arena = Arena(m, dev)
     cfg = dataclasses.replace(policy.from_process(), cpu_share=0.0)
     rng = np.random.default_rng(0)
