@@ -40,6 +40,8 @@ class Calib:
     gpu_dequant_bw_eff: float  # rows_gemm: dequant, blob read + fp16 write at this fraction
     gpu_gemm_eff: float  # rows_gemm: the grouped GEMM on 64-row tiles, this fraction of the dense fp16 rate
     gpu_gemm_bw_eff: float  # rows_gemm: ... and at least its fp16 weights read at this fraction of bandwidth
+    gpu_gemm_q_us_per_mw: Mapping[str, float]  # rows_gemm: gemm_q, µs a million weights a 64-row tile, by type
+                                               # family (a family not here: its groups keep the scratch path)
     gpu_kernels_per_layer: int  # launches per layer outside the experts (a decode step's graph)
     dense_launches: int  # launches per layer of a prompt chunk outside the experts
     gpu_dense_mm_eff: float  # fraction of the dense matrix rate a prompt chunk's projections and attention reach

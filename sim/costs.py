@@ -2,8 +2,9 @@
 
 Units: bytes / (GB/s x 1e3) = µs; flops / (TFLOPS x 1e6) = µs. Work per expert: W = 3·D·F weights. A GPU launch
 group runs this engine's path (strata/accel/moe.py, calib ``gpu_experts`` "rows_gemm"): an expert of at most
-FEW_ROWS rows reads its blob once (expert_rows), the others are dequantised to fp16 and multiplied on 64-row
-tiles (dequant + gemm_grouped); or the original's (the seeds' machines, "mmq"): int8 MMQ on tiles of 8 tokens.
+FEW_ROWS rows reads its blob once (expert_rows), the others are multiplied on 64-row tiles, dequantised inside the
+GEMM (gemm_q: a group of about a tile a member, types of a family in calib gpu_gemm_q_us_per_mw) or first into
+fp16 (dequant + gemm_grouped); or the original's (the seeds' machines, "mmq"): int8 MMQ on tiles of 8 tokens.
 The CPU pool splits each expert's rows across its workers; a run's probe of its own pool (PoolProbe) replaces that
 model where given.
 """
@@ -21,6 +22,13 @@ from .models import TYPE_NAME, SimModel, family
 TILE = 8  # mmq: tokens per MMQ column tile (ours: the padding a few-token expert pays)
 FEW_ROWS = 8  # rows_gemm: strata/accel/moe.py FEW_ROWS, experts of at most this many rows run from their blobs
 GEMM_ROWS = 64  # rows_gemm: strata/accel/moe.py GEMM_BM, the grouped GEMM's row tile (rows pad up to it)
+GEMM_Q_TILES = 1.25  # rows_gemm: strata/accel/moe.py GEMM_Q_TILES, the most row tiles a member of a gemm_q group
+
+
+def takes_gemm_q(many: list[int]) -> bool:
+    """strata/accel/moe.py takes_gemm_q for a launch group of many-row experts of these rows: cut at 64-row tiles
+    (rows_host.many_tile: some member of at most GEMM_ROWS rows) with at most GEMM_Q_TILES tiles a member."""
+    return bool(many) and min(many) <= GEMM_ROWS and sum(-(-n // GEMM_ROWS) for n in many) <= GEMM_Q_TILES * len(many)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,11 @@ class Costs:
             for l in range(L)
         ]
         self._family = [family(TYPE_NAME[s.type_of("exp_gate", l)]) for l in range(L)]
+        # gemm_q's µs a 64-row tile of a layer's expert (its gate|up and down by their families), None where a
+        # family has no measured rate (its groups priced as the scratch path)
+        q, D, F = calib.gpu_gemm_q_us_per_mw, s.n_embd, s.n_ff_exp
+        fams = [[family(TYPE_NAME[s.type_of(r, l)]) for r in ("exp_gate", "exp_up", "exp_down")] for l in range(L)]
+        self._gemm_q = [sum(D * F / 1e6 * q[f] for f in fl) if all(f in q for f in fl) else None for fl in fams]
         self.probe = probe   # measured on the run's own pool: its layers' CPU experts cost what it measured
         # measured on the run's own host, (tokens, µs) by chunk size: a layer's layout (group_us); the lent hosts'
         # Python differs lease to lease (flash-shape, 1,000 tokens: 2.6 ms a layer at fa942c0, prefill_timeline)
@@ -159,6 +172,12 @@ class Costs:
             self._gemm[key] = max(tiles, 2.0 * w / (g.mem_gbps * 1e3 * cal.gpu_gemm_bw_eff))
         return self._gemm[key]
 
+    def gemm_q_us(self, layer: int, nt: int) -> float | None:
+        """gemm_q, gate|up and down of one expert of ``nt`` rows: each 64-row tile dequantises the weights again;
+        None where the layer's types have no measured rate."""
+        q = self._gemm_q[layer]
+        return None if q is None else q * -(-nt // GEMM_ROWS)
+
     def grouped_us(self, layer: int, counts: list[int]) -> float:
         """One launch group's GPU time; ``counts`` are its experts' rows (tokens routed to each)."""
         cal = self.calib
@@ -167,11 +186,13 @@ class Costs:
             body = sum(cal.gpu_expert_us + self._mmq_body_us(layer, n) for n in counts)
             return groups * cal.gpu_kernels_per_expert * self.launch_us + body
         few = sum(1 for n in counts if n <= FEW_ROWS)
-        many = len(counts) - few
+        many = [n for n in counts if n > FEW_ROWS]
         mats = self._mats[layer]
-        launches = 1 + (mats if few else 0) + (mats + 2 if many else 0)   # swiglu; expert_rows; dequant, 2 GEMMs
+        fused = self._gemm_q[layer] is not None and takes_gemm_q(many)
+        # swiglu; expert_rows; gemm_q's matrices, or dequant's and 2 GEMMs
+        launches = 1 + (mats if few else 0) + ((mats if fused else mats + 2) if many else 0)
         body = self.rows_us(layer, sum(n for n in counts if n <= FEW_ROWS)) + sum(
-            self.dequant_us(layer) + self.gemm_us(layer, n) for n in counts if n > FEW_ROWS)
+            self.gemm_q_us(layer, n) if fused else self.dequant_us(layer) + self.gemm_us(layer, n) for n in many)
         F = self.model.shape.n_ff_exp
         swiglu = self._bw_us(sum(counts) * F * (2 * 4 + 2))   # GU fp32 [rows, 2F] in, H fp16 [rows, F] out
         return launches * cal.gpu_group_launch_us + body + swiglu

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sim import walks
-from sim.costs import FEW_ROWS, GEMM_ROWS, Costs
+from sim.calibration import CALIB
+from sim.costs import FEW_ROWS, GEMM_Q_TILES, GEMM_ROWS, Costs, takes_gemm_q
 from sim.hardware import machine
 from sim.models import model
 from sim.workload import TraceRouting
@@ -29,8 +30,45 @@ def sim_model(preset: str, layers: int = 8):
 def test_the_engines_constants():
     from strata.accel import memplan, moe
 
-    assert (FEW_ROWS, GEMM_ROWS) == (moe.FEW_ROWS, moe.GEMM_BM)
+    assert (FEW_ROWS, GEMM_ROWS, GEMM_Q_TILES) == (moe.FEW_ROWS, moe.GEMM_BM, moe.GEMM_Q_TILES)
     assert walks.GROUP == memplan.GROUP
+
+
+def test_a_group_takes_gemm_q_as_the_engine_decides():
+    """sim.costs.takes_gemm_q against the engine's: rows_host.many_tile's row tile (128 rows where every many-row
+    member has more than 64), the tiles group_tiles cuts, moe.takes_gemm_q."""
+    from strata.accel.moe import GEMM_BM, takes_gemm_q as engine_takes
+    from strata.accel.rows_host import many_tile
+
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(500):
+        many = [rng.choice([9, 30, 64, 65, 100, 128, 129, 400]) for _ in range(rng.randint(0, 16))]
+        bm = many_tile(np.array(many, np.int64), FEW_ROWS, GEMM_BM, 2 * GEMM_BM)
+        tiles = sum(-(-n // bm) for n in many)
+        want = engine_takes(bm, tiles, len(many))
+        assert takes_gemm_q(many) == want, (many, bm, tiles)
+        seen.add(want)
+    assert seen == {True, False}
+
+
+def test_a_gemm_q_groups_cost_written_out():
+    """qwen3-30b-a3b (Q4_K: family k), rows 3 | 9, 40, 64: one expert by expert_rows, three by gemm_q (one tile
+    each, at calib's rate a million weights); launches: swiglu, expert_rows x2, gemm_q x2 (gate|up one matrix).
+    A rate-less family keeps the scratch path's price."""
+    c, g = Costs(H200, sim_model("qwen3-30b-a3b")), H200.gpu
+    full = c.calib
+    W = 3 * 2048 * 768
+    bw = g.mem_gbps * 1e3
+    q = W / 1e6 * full.gpu_gemm_q_us_per_mw["k"]
+    swiglu = (3 + 9 + 40 + 64) * 768 * 10 / (bw * full.gpu_bw_eff)
+    want = 5 * full.gpu_group_launch_us + 3 * c.rows_us(0) + 3 * q + swiglu
+    assert c.grouped_us(0, [3, 9, 40, 64]) == pytest.approx(want, rel=1e-12)
+    assert c.gemm_q_us(0, 65) == pytest.approx(2 * q)                    # a second tile dequantises again
+    none = Costs(H200, sim_model("qwen3-30b-a3b"), dataclasses.replace(CALIB, gpu_gemm_q_us_per_mw={}))
+    scratch = 7 * full.gpu_group_launch_us + 3 * none.rows_us(0) + sum(
+        none.dequant_us(0) + none.gemm_us(0, n) for n in (9, 40, 64)) + swiglu
+    assert none.gemm_q_us(0, 9) is None and none.grouped_us(0, [3, 9, 40, 64]) == pytest.approx(scratch, rel=1e-12)
 
 
 def test_groups_as_the_engine_forms_them():
@@ -106,9 +144,10 @@ OP_LOGS = {
 def test_expert_ops_of_an_all_resident_prompt(preset, trace, tokens):
     """Each layer's routed experts, from the routing of that stop's cpu_share runs (the first `tokens` of its
     2,048-token random prompt; the op logs' prompts were other random tokens), in the resident engine's groups
-    (one chunk, 16-expert scratch, memplan's plan when every expert fits)."""
+    (one chunk, 16-expert scratch, memplan's plan when every expert fits), priced as stop 21's engine ran them:
+    every many-row expert by dequant + gemm_grouped."""
     m, routing = sim_model(preset), TraceRouting.load(f"{RESULTS}/{trace}_routing.npz")
-    c = Costs(H200, m)
+    c = Costs(H200, m, dataclasses.replace(CALIB, gpu_gemm_q_us_per_mw={}))     # stop 21's engine: no gemm_q
     ms = 0.0
     for l in range(m.n_layer):
         rows = [int(n) for n in routing.counts(l, 0, tokens) if n > 0]
