@@ -58,6 +58,17 @@ def prefill_each(e, prompts, **kw) -> list:
     return outs
 
 
+def _count_calls(dev, names: tuple[str, ...]) -> dict[str, int]:
+    """Calls of each of dev's kernel methods `names` from now (each still runs): name -> count, updated live."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        def spy(*a, _f=getattr(dev.k, name), _n=name, **kw):
+            calls[_n] += 1
+            return _f(*a, **kw)
+        setattr(dev.k, name, spy)
+    return calls
+
+
 def _run(model, dev, ids, decode_ids, **kw):
     from strata.accel.engine import GpuEngine
 
@@ -321,12 +332,7 @@ def test_groups_of_several_tiles_a_member_keep_the_scratch(kind, prompts, monkey
         monkeypatch.setattr(moe, "PRE_Q_ROWS", rule[1])
         for cached in (None, 0):
             dev = make_device(kind)
-            n = calls[rule, cached] = {"dequant": 0, "gemm_q": 0}
-            for name in n:
-                def spy(*a, _f=getattr(dev.k, name), _n=name, **kw):
-                    n[_n] += 1
-                    return _f(*a, **kw)
-                setattr(dev.k, name, spy)
+            calls[rule, cached] = _count_calls(dev, ("dequant", "gemm_q"))
             try:
                 outs[rule, cached], _ = _run(m, dev, ids, [5, 6], few_rows=0, expert_cache=cached)
             finally:
@@ -397,12 +403,7 @@ def test_few_row_experts_run_from_their_blobs(kind, prompts):
     for few in (0, 8, 1 << 20):
         for cached in (n_pairs, n_pairs // 2, 0):
             dev = make_device(kind)
-            calls = {"expert_rows": 0, "gemm_grouped": 0, "gemm_q": 0}
-            for name in calls:
-                def spy(*a, _f=getattr(dev.k, name), _n=name, **kw):
-                    calls[_n] += 1
-                    return _f(*a, **kw)
-                setattr(dev.k, name, spy)
+            calls = _count_calls(dev, ("expert_rows", "gemm_grouped", "gemm_q"))
             try:
                 outs[few, cached], _ = _run(m, dev, ids, [5, 6], expert_cache=cached, few_rows=few)
             finally:

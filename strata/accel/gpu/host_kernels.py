@@ -21,6 +21,12 @@ def _silu(x: np.ndarray) -> np.ndarray:
         return x / (1.0 + np.exp(-x))
 
 
+def _weights(q, raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The n x k matrix of type q whose bytes start raw (a blob from the matrix's offset), each weight rounded to
+    fp16 (nearest even): what `dequant` writes, and what expert_rows, gemm_q and moe_gemv multiply by."""
+    return q.dequantize(raw[:n * q.row_bytes(k)].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+
+
 def _runs(tiles, n_tiles: int):
     """(g, r0, r1) of each run of an expert's consecutive tiles: one product a run, as numpy's sums depend on the
     rows a product takes and the CUDA kernels' on the rows and W[g] alone, whatever the tiles (max_rows); empty
@@ -150,28 +156,25 @@ class HostKernels(Kernels):
     # --- experts ---------------------------------------------------------------------------------------------
     def dequant(self, out, blobs, qtype, n, k, stream):
         q = quants.get(qtype)
-        nbytes = n * q.row_bytes(k)
 
         def run():
             for g, entry in enumerate(blobs):
                 if entry is None:                      # a pre-sync group's member that takes expert_rows
                     continue
                 buf, idx, off = entry
-                raw = buf[idx, off:off + nbytes]
-                out[g] = q.dequantize(raw.reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                out[g] = _weights(q, buf[idx, off:], n, k)
 
         self._run(stream, run)
 
     def expert_rows(self, out, a, blobs, tiles, n_tiles, qtype, n, k, stream):
         q = quants.get(qtype)
-        nbytes = n * q.row_bytes(k)
 
         def run():
             for g, r0, r1 in tiles[:n_tiles]:
                 if r0 >= r1:                           # an empty tile (presync.py)
                     continue
                 buf, idx, off = blobs[g]
-                w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                w = _weights(q, buf[idx, off:], n, k)
                 out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
 
         self._run(stream, run)
@@ -199,12 +202,11 @@ class HostKernels(Kernels):
     def gemm_q(self, out, a, blobs, qtype, n, k, tiles, n_tiles, stream, max_rows=None):
         assert qtype in self.gemm_q_types, f"gemm_q takes no type {qtype}"
         q = quants.get(qtype)
-        nbytes = n * q.row_bytes(k)
 
         def run():               # `dequant`'s weights, `gemm_grouped`'s products
             for g, r0, r1 in _runs(tiles, n_tiles):
                 buf, idx, off = blobs[g]
-                w = q.dequantize(buf[idx, off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                w = _weights(q, buf[idx, off:], n, k)
                 out[r0:r1, :n] = a[r0:r1, :k].astype(F32) @ w.astype(F32).T
 
         self._run(stream, run)
@@ -226,14 +228,13 @@ class HostKernels(Kernels):
     # --- the decode graph --------------------------------------------------------------------------------------
     def moe_gemv(self, out, x, x_div, ids, src, off, qtype, n, k, stream, glu=False):
         q = quants.get(qtype)
-        nbytes = n * q.row_bytes(k)
 
         def run():                       # residency is read when the work runs, as the kernel reads slot_of
             xr = (_silu(x[:, :k]) * x[:, k:2 * k]).astype(F16) if glu else x               # swiglu's rows
             for p, e in enumerate(ids.reshape(-1)):
                 s = src.slot_of[e]
                 blob = src.cache[s] if s >= 0 else src.arena[e]
-                w = q.dequantize(blob[off:off + nbytes].reshape(-1, q.type_size)).reshape(n, k).astype(F16)
+                w = _weights(q, blob[off:], n, k)
                 out[p, :n] = w.astype(F32) @ xr[p // x_div].astype(F16).astype(F32)
 
         self._run(stream, run)
