@@ -8,7 +8,8 @@ guess an expert a chunk routes with at least this probability); pre_groups (a Mo
 prompt layer's cache hits issued before its routing sync, strata/accel/presync.py; 0: none; pre_guessed: of a guessed
 walk's experts); gemm_q (the engine's gemm_q_types: 0 dequantises every many-row expert into the fp16 scratch
 first); pre_min_tokens (a MoeBlock attribute: the chunks that take those groups whatever their layer's
-residency; pre_wide_tokens: below it, narrow layers only, presync.takes_pre). Not kept, run in earlier forms of
+residency; pre_wide_tokens: below it, narrow layers only, presync.takes_pre); pre_head (a MoeBlock attribute: those
+groups' plan, rows, gather and residents' groups as one graph; 0: each launched alone). Not kept, run in earlier forms of
 this script: guess_ahead (stop 45: the next layer's guess picked before the routing sync, its copies issued after
 the combine, 0.988-0.997x, knobs_ab_q8_stop45.log) and guess_depth (stop 46, branch stop46-guess-depth: layers
 guessed ahead, knobs_depth_q48_*_stop46.log).
@@ -29,6 +30,7 @@ KNOBS = {"rows_on_device": lambda e, v: setattr(e, "rows_on_device", bool(int(v)
          "pre_guessed": lambda e, v: setattr(e, "pre_guessed", int(v)),
          "pre_min_tokens": lambda e, v: setattr(e, "pre_min_tokens", int(v)),
          "pre_wide_tokens": lambda e, v: setattr(e, "pre_wide_tokens", int(v)),
+         "pre_head": lambda e, v: setattr(e, "pre_head", bool(int(v))),
          "pre_graphs": lambda e, v: setattr(e, "pre_graphs", e.pre_graphs if int(v) else None),
          "gemm_q": lambda e, v: setattr(e, "gemm_q_types", e.gemm_q_types if int(v) else frozenset())}
 

@@ -164,6 +164,56 @@ def test_cuda_tables_are_the_rules():
         dev.close()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_captured_plan_plans_from_the_input_written_since(kind):
+    """Kernels.plan_write + plan_groups_at under presync.PreGraphs, one key for three layers' inputs (other counts,
+    residents, guessed experts, group counts): run eagerly, captured, then replayed, each leaves the tables
+    plan_groups makes from that input. A replay that planned from the input of its capture fails it."""
+    from strata.accel.gpu.kernels import ROUTE_TILE
+    from strata.accel.presync import PlanLayout, PreGraphs, pre_bytes
+
+    dev = _device(kind)
+    k, s = dev.k, dev.compute
+    try:
+        rng = np.random.default_rng(3)
+        E, K, T, J, G = 40, 4, 30, 3, 4
+        P, nt = T * K, -(-T * K // ROUTE_TILE)
+        shape = PreShape.of(J, G, 3, E, T, K, 8, 8, 64)
+        tiling, offs = (8, 8, 64), (0, 1000, 2500)
+        fill = fills(T, K, G, *tiling)
+        bufs = [dev.zeros((pre_bytes(shape),), np.uint8) for _ in range(2)]
+        pts = [k.pre_tables(b, shape) for b in bufs]
+        hist = dev.zeros((nt, E), np.int32)
+        lay = PlanLayout(E, 3)
+        blk, dblk = dev.pinned(lay.nbytes), dev.empty((lay.nbytes,), np.uint8)
+        cache, ring = dev.zeros((E, 64), np.uint8), dev.zeros((8, 64), np.uint8)
+        graphs = PreGraphs(dev)
+        for step in range(3):
+            ids = np.stack([rng.choice(E, K, replace=False, p=_skew(rng, E)) for _ in range(T)]).astype(np.int32)
+            k.route_hist(hist, dev.asarray(ids.reshape(-1)), P, s)
+            res = rng.permutation(np.flatnonzero(rng.random(E) < 0.5))
+            guessed = rng.permutation(np.setdiff1d(np.arange(E), res))[:5]
+            order = np.concatenate([res, guessed]).astype(np.int64)
+            blobs = [(cache, rng.permutation(E)[:res.size]), (ring, np.arange(guessed.size))]
+            J1 = 1 + step % 2
+            k.plan_groups(pts[0], hist, nt, order, res.size, blobs, offs, J1, J, tiling, fill, s)
+            k.plan_write(blk, shape, nt, order, res.size, blobs, offs, J1, J, tiling, fill)
+            graphs.run("plan", lambda: k.plan_groups_at(pts[1], hist, blk, dblk, J, s))
+            dev.synchronize()
+            assert _tables(dev, pts[0], bufs[0]) == _tables(dev, pts[1], bufs[1]), (kind, step)
+        assert (graphs.eager, graphs.captures, graphs.replays) == (1, 1, 1)
+    finally:
+        dev.close()
+
+
+def _tables(dev, pt, buf):
+    """What a pre-sync table buffer holds, comparable: CUDA's bytes; the twin's arrays (a blob by its buffer's id)."""
+    if dev.kind == "cuda":
+        return dev.tohost(buf).tobytes()
+    ptrs = [None if x is None else (id(x[0]), x[1], x[2]) for x in pt.ptrs.ravel()]
+    return pt.off.tolist(), ptrs, pt.tiles.tolist(), pt.spans.tolist()
+
+
 def _skew(rng, E):
     p = rng.random(E) ** 4
     return p / p.sum()
@@ -204,13 +254,13 @@ def test_pre_sync_groups_keep_the_bits(kind, name):
                                       prompt_groups=(group,), few_rows=few)
                         e.pre_groups, e.pre_guessed = pre, pre // 2
                         e.pre_min_tokens = e.pre_wide_tokens = 0
-                        n, plan = [0, 0], dev.k.plan_groups
+                        n, plan = [0, 0], dev.k.plan_write
 
-                        def spy(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):
+                        def spy(blk, shape, nt, order, nc1, blobs, offs, J1, J, *a, _n=n, _f=plan):
                             _n[0] += 1
                             _n[1] += J - J1                   # groups of guessed experts
-                            return _f(pt, hist, nt, order, nc1, blobs, offs, J1, J, *a)
-                        dev.k.plan_groups = spy
+                            return _f(blk, shape, nt, order, nc1, blobs, offs, J1, J, *a)
+                        dev.k.plan_write = spy
                         got = []
                         for p in prompts:
                             e.reset()
@@ -283,8 +333,8 @@ def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_s
                 streaming = np.array_equal(np.asarray(among, bool), ~_e.cache.resident(layer))
                 return (0.0 if layer % 2 == 0 else 1e9) if streaming else _f(layer, tokens, among)
             e.routes.expected = narrow_even
-            n, plan = [0], dev.k.plan_groups
-            dev.k.plan_groups = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
+            n, plan = [0], dev.k.plan_write
+            dev.k.plan_write = lambda *a, **kw: (n.__setitem__(0, n[0] + 1), plan(*a, **kw))[1]
             e.prefill(ids)
             calls[cached, graphs, gate] = n[0]
         finally:
@@ -296,23 +346,26 @@ def test_short_chunks_take_pre_sync_groups_where_every_expert_is_cached_or_few_s
 def test_pre_sync_group_graphs_replay_the_launches(kind):
     """presync.PreGraphs: a prompt met three times runs its layers' pre-sync groups eagerly, then captures them,
     then replays them. With up to four groups a layer of two experts each (two groups of guessed experts), the cache
-    holding all or a quarter of the experts, and prompts of another length between them (other keys), the logits
-    have the bits of the engine that launches the groups one by one."""
+    holding all or a quarter of the experts, prompts of another length between them (other keys), and a prompt of
+    the first one's length but other tokens (the same keys, other routing: the replays plan from its counts and
+    residents), the logits have the bits of the engine that launches the groups one by one, with the plan, rows,
+    gather and residents' groups as one graph (MoeBlock.pre_head) and each launched alone."""
     from strata.accel.engine import GpuEngine
 
     m = models.load(golden.model_path("tiny-qwen3moe"))
     tok = Tokenizer.from_metadata(m.metadata)
     a, b = (tok.encode(t) for t in golden.load_prompts()[0][:2])
-    assert len(a) != len(b)
-    seq = [a, a, b, a, b, a, b]
+    c = a[::-1]
+    assert len(a) != len(b) and c != a
+    seq = [a, a, b, a, b, c, a, b, c]
     n_pairs = m.cfg.n_layer * m.cfg.n_expert
     for cached in (n_pairs, n_pairs // 4):
         outs, counts = {}, None
-        for graphs in (False, True):
+        for graphs, head in ((False, True), (True, False), (True, True)):
             dev = _device(kind)
             try:
                 e = GpuEngine(m, dev, n_ctx=max(len(a), len(b)) + 4, expert_cache=cached, prompt_groups=(2,))
-                e.pre_groups, e.pre_guessed = 2, 2
+                e.pre_groups, e.pre_guessed, e.pre_head = 2, 2, head
                 e.pre_min_tokens = e.pre_wide_tokens = 0
                 if not graphs:
                     e.pre_graphs = None
@@ -320,14 +373,15 @@ def test_pre_sync_group_graphs_replay_the_launches(kind):
                 for p in seq:
                     e.reset()
                     got.append(e.prefill(p, all_logits=True))
-                outs[graphs] = got
-                if graphs:
+                outs[graphs, head] = got
+                if graphs and head:
                     pg = e.pre_graphs
                     counts = pg.eager, pg.captures, pg.replays
             finally:
                 dev.close()
-        for i, (x, y) in enumerate(zip(outs[False], outs[True])):
-            assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), (cached, i)
+        for arm in ((True, False), (True, True)):
+            for i, (x, y) in enumerate(zip(outs[False, True], outs[arm])):
+                assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), (cached, arm, i)
         eager, captures, replays = counts
         assert eager and captures and replays > captures, (cached, counts)
 

@@ -25,7 +25,7 @@ from strata.accel.memplan import (DECODE_SCRATCH, GROUP, MAXT, MIB, PROMPT_GROUP
                                   VramShortfall, plan_memory)
 from strata.accel.moe import FEW_ROWS, ExpertRunner
 from strata.accel.moe_block import MoeBlock
-from strata.accel.presync import PRE_MIN_TOKENS_EAGER, PreGraphs
+from strata.accel.presync import BLOB_PARTS, PRE_MIN_TOKENS_EAGER, PlanLayout, PreGraphs
 from strata.accel.stream import Ring, Walk
 from strata.models import Model
 from strata.models.common import head
@@ -114,6 +114,10 @@ class GpuEngine(MoeBlock):
         self.pgraphs = prompt_graph.PromptGraphs(dev, c, p.chunk, n_ctx) if graphs else None
         # and a prompt layer's pre-sync launch groups (presync.PreGraphs); None: launched one by one
         self.pre_graphs = PreGraphs(dev) if graphs else None
+        # plan_groups' input, written by the host before each layer's pre-sync groups: one block a layer parity
+        # (MoeBlock._issue_pre), at fixed addresses so that a captured plan re-reads it
+        lay = PlanLayout(c.n_expert, BLOB_PARTS)
+        self.plan_in = [(dev.pinned(lay.nbytes), dev.empty((lay.nbytes,), np.uint8)) for _ in range(2)]
         if self.pre_graphs is None:             # launched one by one, short chunks' groups cost more than they give
             self.pre_min_tokens = PRE_MIN_TOKENS_EAGER
         # the CPU expert pool: decode misses, and the prefill share where it qualifies (CUDA, one GPU; SPEC §4)

@@ -179,16 +179,13 @@ class ExpertRunner:
                 read.record(s)
             self._pre_last(layer, g, fz)
             return
-        if self._where is None:                   # the chunk's buffers: one key part for all its groups
-            b = self.bufs
-            self._where = where((b.w_gu, b.gu, b.xg, b.hh, b.dm, b.w_d, b.rows))
         try:
             hash(g)                               # CUDA's tables: addresses and sizes
         except TypeError:                         # the twin's: arrays
             g_key = where(g)
         else:
             g_key = g
-        key = (self._where, self.types[layer], fz, g_key)
+        key = (self._buffers_key(), self.types[layer], fz, g_key)
         if read is None:
             gr.run(key + (0,), lambda: (self._pre_first(layer, g, fz), self._pre_last(layer, g, fz)))
             return
@@ -196,6 +193,55 @@ class ExpertRunner:
         read.record(s)                            # a new event each group: recorded outside the graphs
         if g.ng and not fz[1]:
             gr.run(key + (2,), lambda: self._pre_last(layer, g, fz))
+
+    def pre_head(self, layer: int, pin: tuple, ids, h, P: int, J1: int, J: int, fill: tuple[int, int],
+                 tiling: tuple[int, int, int], rows: float | None) -> None:
+        """The pre-sync groups' start, once Kernels.plan_write has put the plan's input in pin[0] (pin: its pinned
+        block and the device's): plan_groups_at, the pairs' rows (route_rows), the gather, then the residents'
+        groups [0, J1) as group_pre launches them. With the engine's PreGraphs all of it is one graph, read from
+        pin when it runs: one host launch for what took five or more (~30 us each on the H200's host at stop 54,
+        bench/results/h200/presync_lines_900_stop54b.log); one by one where group_pre goes one by one."""
+        k, s, b = self.k, self.dev.compute, self.bufs
+
+        def start():
+            k.plan_groups_at(self.pre, b.hist, pin[0], pin[1], J, s)
+            k.route_rows(b.slot, b.src, ids, k.pre_route_off(self.pre), b.hist, P, self.cfg.n_expert_used, s)
+            k.gather_f16(b.xg[:P], h, b.src, s)                              # Xg [R, D] fp16, row order
+        self._pre_run(layer, range(J1), fill, tiling, rows, start,
+                      ("head", where((b.slot, b.src, b.hist, ids, h, pin)), P, J))
+
+    def pre_tail(self, layer: int, J1: int, J: int, fill: tuple[int, int], tiling: tuple[int, int, int],
+                 rows: float | None) -> None:
+        """The guessed experts' pre-sync groups [J1, J), after pre_head and the compute stream's wait for their
+        copies: one graph, as pre_head's (the caller records the event that frees their ring slots after it)."""
+        self._pre_run(layer, range(J1, J), fill, tiling, rows, None, ("tail",))
+
+    def _pre_run(self, layer: int, js: range, fill, tiling, rows, start, key: tuple) -> None:
+        """start() (or nothing), then groups js of the pre-sync tables, each group_pre's launches: as one graph of
+        the engine's PreGraphs, keyed by `key` and what the launches read; one by one where group_pre would be."""
+        k, pt, bm = self.k, self.pre, tiling[2]
+        fz = self._fused(layer, pre_takes_gemm_q(bm, rows))
+
+        def run():
+            if start is not None:
+                start()
+            for j in js:
+                g = k.pre_group(pt, j, fill, bm)
+                self._pre_first(layer, g, fz)
+                self._pre_last(layer, g, fz)
+
+        tg, tu = self.types[layer][:2]
+        if self.graphs is None or (js and tg != tu and not fz[0]):
+            run()
+            return
+        self.graphs.run(key + (self._buffers_key(), where(self.bufs.pre), self.types[layer], fz, js, fill, tiling), run)
+
+    def _buffers_key(self):
+        """The chunk's buffers as a key part (presync.where), made once a chunk: one part for all its groups."""
+        if self._where is None:
+            b = self.bufs
+            self._where = where((b.w_gu, b.gu, b.xg, b.hh, b.dm, b.w_d, b.rows))
+        return self._where
 
     def _fused(self, layer: int, fits: bool) -> tuple[bool, bool]:
         """Whether a group of a layer takes gemm_q straight from the blobs for (gate|up, down): where its tiles

@@ -32,6 +32,9 @@ class MoeBlock:
     pre_min_tokens = PRE_MIN_TOKENS  # unless the cache holds all of a layer's experts: chunks this long or longer
                                      # (the engine sets presync.PRE_MIN_TOKENS_EAGER where they are not graphs)
     pre_wide_tokens = PRE_WIDE_TOKENS  # and below this, narrow layers only (presync.takes_pre)
+    # their plan, rows, gather and residents' groups as one graph (ExpertRunner.pre_head); off: each launched
+    # alone, the groups' graphs one a group (bench/knobs_ab.py)
+    pre_head = True
 
     def moe(self, h, layer: int, ids_dev, w_dev, out=None):
         """Routing sync -> row layout -> resident groups, streamed groups -> combine. h [T, D] -> [T, D] (into
@@ -330,18 +333,33 @@ class MoeBlock:
         if walk is not None:                        # a guessed walk (_guess): its entries follow the residents
             order = np.concatenate([resident, np.asarray([e for _, e in walk.entries], np.int64)])
             blobs.append((self._ring.buf, walk.slots(list(range(n_g)))))
+        # the plan's input in the block of this layer's parity: the device read the other's two layers ago, before
+        # the counts of the layer between, which the host has waited for (the routing sync)
+        if self.pre_head:
+            pin = self.plan_in[layer % 2]
+            k.plan_write(pin[0], pt.shape, nt, order, resident.size, blobs, runner.offsets[layer], J1, J, tiling, fill)
+            runner.pre_head(layer, pin, ids_dev, h, P, J1, J, fill, tiling, rows)   # the residents' groups with it
+            if J == J1:
+                return J1, 0, []
+            walk.ensure_issued(n_g - 1)             # the guessed copies have landed (all were issued at the guess)
+            walk.acquire(list(range(n_g)))
+            runner.pre_tail(layer, J1, J, fill, tiling, rows)
+            read = self.dev.event(timing=False)     # their ring slots are free from then (after the sync)
+            read.record(self.dev.compute)
+            return J1, J - J1, [read] * (J - J1)
+        # pre_head off (bench/knobs_ab.py): each launched alone, a group's launches one graph (stop 54's)
         k.plan_groups(pt, bufs.hist, nt, order, resident.size, blobs, runner.offsets[layer], J1, J, tiling, fill, s)
         k.route_rows(bufs.slot, bufs.src, ids_dev, k.pre_route_off(pt), bufs.hist, P, K, s)
         k.gather_f16(bufs.xg[:P], h, bufs.src, s)                              # Xg [R, D] fp16, row order
+        for j in range(J1):
+            runner.group_pre(layer, k.pre_group(pt, j, fill, tiling[2]), None, rows)
         reads = []
-        for j in range(J):
-            read = None
-            if j >= J1:
-                if j == J1:                         # the guessed copies have landed (all were issued at the guess)
-                    walk.ensure_issued(n_g - 1)
-                    walk.acquire(list(range(n_g)))
-                read = self.dev.event(timing=False)     # its members' ring slots are free from then (after the sync)
-                reads.append(read)
+        for j in range(J1, J):
+            if j == J1:                             # the guessed copies have landed (all were issued at the guess)
+                walk.ensure_issued(n_g - 1)
+                walk.acquire(list(range(n_g)))
+            read = self.dev.event(timing=False)     # its members' ring slots are free from then (after the sync)
+            reads.append(read)
             runner.group_pre(layer, k.pre_group(pt, j, fill, tiling[2]), read, rows)
         return J1, J - J1, reads
 

@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+BLOB_PARTS = 3      # W: a blob's matrices (gate, up, down), each at its offset
 PRE_GROUPS = 2      # launch groups a layer issues before its routing sync, at most (MoeBlock.pre_groups)
 PRE_GROUPS_MAX = 4  # the most a chunk's buffers hold tables for (buffers.carve)
 CARVE_FEW_ROWS = 64  # the largest few_rows (moe.FEW_ROWS, bench/prefill.py --few-rows) the carved tables fit
@@ -92,7 +93,7 @@ def carve_shape(E: int, cap: int, K: int, group: int) -> PreShape:
     `group` experts, few_rows up to CARVE_FEW_ROWS, GEMM row tiles of moe.GEMM_BM or more."""
     from strata.accel.moe import GEMM_BM, ROWS_TILE
 
-    return PreShape.of(PRE_GROUPS_MAX, group, 3, E, cap, K, CARVE_FEW_ROWS, ROWS_TILE, GEMM_BM)
+    return PreShape.of(PRE_GROUPS_MAX, group, BLOB_PARTS, E, cap, K, CARVE_FEW_ROWS, ROWS_TILE, GEMM_BM)
 
 
 def fills(T: int, K: int, G: int, few_rows: int, rows_tile: int, bm: int) -> tuple[int, int]:
@@ -105,13 +106,44 @@ def fills(T: int, K: int, G: int, few_rows: int, rows_tile: int, bm: int) -> tup
     return few, -(-min(G * T, T * K) // bm) + G
 
 
+PLAN_PRM = 16       # plan_groups' sizes at the head of its input (route_kernels.cu plan_groups' prm)
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """plan_groups' input, as the host writes it for the device (Kernels.plan_write): the sizes i32 [PLAN_PRM] |
+    order i32 [E] | the candidates' blob addresses u64 [E] | offs u64 [W], 256-byte aligned parts. The parts sit
+    where they would for E of each, so a captured plan reads an input of any length at the same addresses."""
+
+    E: int
+    W: int
+
+    @property
+    def order_at(self) -> int:
+        return 4 * PLAN_PRM
+
+    @property
+    def ptrs_at(self) -> int:
+        return self.order_at + _up(4 * self.E)
+
+    @property
+    def offs_at(self) -> int:
+        return self.ptrs_at + 8 * self.E
+
+    @property
+    def nbytes(self) -> int:
+        return _up(self.offs_at + 8 * self.W)
+
+
+def _up(n: int) -> int:
+    return -(-n // 256) * 256
+
+
 def pre_bytes(shape: PreShape) -> int:
     """Device bytes of the tables (CUDA's layout: off i32 [E] | ptrs u64 [J, 2, W, G] | tiles i32 [J, ts, 3] |
     spans i32 [J, 2]; 256-byte aligned parts)."""
-    def up(n):
-        return -(-n // 256) * 256
     s = shape
-    return up(4 * s.E) + up(8 * s.J * 2 * s.W * s.G) + up(12 * s.J * s.ts) + up(8 * s.J)
+    return _up(4 * s.E) + _up(8 * s.J * 2 * s.W * s.G) + _up(12 * s.J * s.ts) + _up(8 * s.J)
 
 
 def plan_host(cnt: np.ndarray, order: np.ndarray, nc1: int, nc: int, J1: int, J: int, G: int, few_rows: int,

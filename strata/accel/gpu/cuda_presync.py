@@ -9,10 +9,9 @@ from functools import cached_property
 
 import numpy as np
 
-from strata.accel.presync import PreGroup, PreShape, pre_bytes
+from strata.accel.presync import PlanLayout, PreGroup, PreShape, pre_bytes
 
 PLAN_THREADS = 256                  # plan_groups' block (route_kernels.cu __launch_bounds__)
-PLAN_PRM = 16                       # its sizes, uploaded ahead of the order (route_kernels.cu plan_groups' prm)
 
 
 def _up(n: int) -> int:
@@ -53,32 +52,50 @@ class CudaPresyncKernels:
         return (pt.off, pt.shape.E)
 
     def plan_groups(self, pt, hist, nt, order, nc1, blobs, offs, J1, J, tiling, fill, stream):
-        s = pt.shape
+        lay = PlanLayout(pt.shape.E, pt.shape.W)
+        off, room = self._room(lay.nbytes, stream)            # one upload: the staging ring's next bytes
+        self._plan_fill(room[:lay.nbytes], pt.shape, nt, order, nc1, blobs, offs, J1, J, tiling, fill)
+        self._send(off, lay.nbytes, stream)
+        self._plan_launch(pt, hist, self._st(stream).dbase + off, J, stream)
+
+    def plan_write(self, blk, shape, nt, order, nc1, blobs, offs, J1, J, tiling, fill):
+        self._plan_fill(blk, shape, nt, order, nc1, blobs, offs, J1, J, tiling, fill)
+
+    def plan_groups_at(self, pt, hist, blk, dblk, J, stream):
+        n = PlanLayout(pt.shape.E, pt.shape.W).nbytes
+        assert blk.nbytes >= n and dblk.nbytes >= n and blk.ctypes.data % 16 == 0 and dblk.data.ptr % 16 == 0
+        self._pull_words(dblk, np.uint64(blk.ctypes.data), n // 16, stream)        # pulled: read at the work's turn
+        self._plan_launch(pt, hist, dblk.data.ptr, J, stream)
+
+    @staticmethod
+    def _plan_fill(room, s, nt, order, nc1, blobs, offs, J1, J, tiling, fill) -> None:
+        """presync.PlanLayout's bytes into room (host u8): the sizes, the order, each candidate's blob address (a
+        row of the cache or of the ring), the offsets."""
+        lay = PlanLayout(s.E, s.W)
         nc = sum(len(idx) for _, idx in blobs)
         few_rows, rows_tile, bm = tiling
-        assert hist.dtype == np.int32 and hist.shape[1] == s.E and J1 <= J <= s.J and len(offs) == s.W
-        assert nc1 <= nc <= len(order) <= s.E
+        assert J1 <= J <= s.J and len(offs) == s.W and nc1 <= nc <= len(order) <= s.E
         n_o = len(order)
-        # one upload: the sizes i32 [16] | order i32 | the candidates' blob addresses u64 | offs u64
-        o = 4 * PLAN_PRM
-        a = o + _up(4 * n_o)
-        nbytes = a + 8 * (nc + s.W)
-        off, room = self._room(nbytes, stream)
-        room[:o].view(np.int32)[:] = (nt, s.E, n_o, nc1, nc, s.W, J1, J, s.G, few_rows, rows_tile, bm, s.sf, s.sg,
-                                      *fill)
-        room[o:o + 4 * n_o].view(np.int32)[:] = order
-        words = room[a:nbytes].view(np.uint64)
+        room[:lay.order_at].view(np.int32)[:] = (nt, s.E, n_o, nc1, nc, s.W, J1, J, s.G, few_rows, rows_tile, bm,
+                                                 s.sf, s.sg, *fill)
+        room[lay.order_at:lay.order_at + 4 * n_o].view(np.int32)[:] = order
+        words = room[lay.ptrs_at:lay.ptrs_at + 8 * nc].view(np.uint64)
         at = 0
-        for buf, idx in blobs:                      # each candidate's blob: a row of the cache or of the ring
+        for buf, idx in blobs:
             words[at:at + len(idx)] = np.uint64(buf.data.ptr) + np.asarray(idx, np.uint64) * np.uint64(buf.strides[0])
             at += len(idx)
-        words[nc:] = np.asarray(offs, np.uint64)
-        self._send(off, nbytes, stream)
-        dev = self._st(stream).dbase + off
+        room[lay.offs_at:lay.offs_at + 8 * s.W].view(np.uint64)[:] = offs
+
+    def _plan_launch(self, pt, hist, dev: int, J: int, stream) -> None:
+        """plan_groups' launch over its input at device address `dev` (presync.PlanLayout)."""
+        s = pt.shape
+        assert hist.dtype == np.int32 and hist.shape[1] == s.E and J <= s.J
+        lay = PlanLayout(s.E, s.W)
         shared = 4 * (6 * s.E + 3 * J * s.G + 2 * J + 32)   # route_kernels.cu plan_groups' arrays
         self._route_fn("plan_groups")(
             (1,), (PLAN_THREADS,),
-            (*pt.args, hist, np.uint64(dev), np.uint64(dev + o), np.uint64(dev + a), np.uint64(dev + a + 8 * nc)),
+            (*pt.args, hist, np.uint64(dev), np.uint64(dev + lay.order_at), np.uint64(dev + lay.ptrs_at),
+             np.uint64(dev + lay.offs_at)),
             stream=stream.s, shared_mem=shared)
 
     def pre_group(self, pt, j, fill, bm):

@@ -9,7 +9,7 @@ import numpy as np
 from strata import quants
 from strata.accel.gpu.dequant import GEMM_Q_TYPES
 from strata.accel.gpu.kernels import ROUTE_TILE, BlobRef, Kernels
-from strata.accel.presync import PreGroup, plan_host
+from strata.accel.presync import PlanLayout, PreGroup, plan_host
 from strata.reference.linalg import weight_rows
 
 F16, F32 = np.float16, np.float32
@@ -56,6 +56,7 @@ class HostKernels(Kernels):
     def __init__(self, dev):
         self.dev = dev
         self._pre = {}            # (buffer's address, shape) -> _PreTables: as on CUDA, the tables live at the buffer
+        self._plan_in = {}        # plan_write's block address -> the input written there last (plan_groups_at's)
 
     def _run(self, stream, fn):
         stream._put(fn)
@@ -115,31 +116,44 @@ class HostKernels(Kernels):
         return pt.off
 
     def plan_groups(self, pt, hist, nt, order, nc1, blobs, offs, J1, J, tiling, fill, stream):
+        inp = self._plan_input(nt, order, nc1, blobs, offs, J1, J, tiling, fill)
+        self._run(stream, lambda: self._plan_run(pt, hist, *inp))
+
+    def plan_write(self, blk, shape, nt, order, nc1, blobs, offs, J1, J, tiling, fill):
+        assert J1 <= J <= shape.J and len(offs) == shape.W and blk.nbytes >= PlanLayout(shape.E, shape.W).nbytes
+        # the twin's blob "addresses" are (buffer, row) pairs: kept beside blk, which stands for them
+        self._plan_in[blk.__array_interface__["data"][0]] = self._plan_input(nt, order, nc1, blobs, offs, J1, J,
+                                                                             tiling, fill)
+
+    def plan_groups_at(self, pt, hist, blk, dblk, J, stream):
+        at = blk.__array_interface__["data"][0]
+        self._run(stream, lambda: self._plan_run(pt, hist, *self._plan_in[at]))     # what blk holds at the work's turn
+
+    @staticmethod
+    def _plan_input(nt, order, nc1, blobs, offs, J1, J, tiling, fill) -> tuple:
+        return nt, np.array(order, np.int64), nc1, [(buf, int(i)) for buf, idx in blobs for i in idx], tuple(offs), \
+            J1, J, tiling, fill
+
+    @staticmethod
+    def _plan_run(pt, hist, nt, order, nc1, where, offs, J1, J, tiling, fill) -> None:
         s = pt.shape
-        order = np.array(order, np.int64)
-        where = [(buf, int(i)) for buf, idx in blobs for i in idx]          # each candidate's blob
-        nc = len(where)
-
-        def run():
-            cnt = hist[:nt].sum(0)
-            off, members, tiles, spans = plan_host(cnt, order, nc1, nc, J1, J, s.G, *tiling)
-            pt.off[:] = off
-            pt.ptrs[...] = None
-            pt.tiles[...] = 0
-            for j in range(J):
-                for p, i in enumerate(members[j]):
-                    buf, row = where[i]
-                    for w, o in enumerate(offs):
-                        pt.ptrs[j, 0, w, p] = (buf, row, o)
-                        if cnt[order[i]] > tiling[0]:
-                            pt.ptrs[j, 1, w, p] = (buf, row, o)
-                few, gemm = tiles[j]
-                assert len(few) <= fill[0] and len(gemm) <= fill[1]
-                pt.tiles[j, :len(few)] = np.asarray(few, np.int32).reshape(-1, 3)
-                pt.tiles[j, s.sf:s.sf + len(gemm)] = np.asarray(gemm, np.int32).reshape(-1, 3)
-                pt.spans[j] = spans[j]
-
-        self._run(stream, run)
+        cnt = hist[:nt].sum(0)
+        off, members, tiles, spans = plan_host(cnt, order, nc1, len(where), J1, J, s.G, *tiling)
+        pt.off[:] = off
+        pt.ptrs[...] = None
+        pt.tiles[...] = 0
+        for j in range(J):
+            for p, i in enumerate(members[j]):
+                buf, row = where[i]
+                for w, o in enumerate(offs):
+                    pt.ptrs[j, 0, w, p] = (buf, row, o)
+                    if cnt[order[i]] > tiling[0]:
+                        pt.ptrs[j, 1, w, p] = (buf, row, o)
+            few, gemm = tiles[j]
+            assert len(few) <= fill[0] and len(gemm) <= fill[1]
+            pt.tiles[j, :len(few)] = np.asarray(few, np.int32).reshape(-1, 3)
+            pt.tiles[j, s.sf:s.sf + len(gemm)] = np.asarray(gemm, np.int32).reshape(-1, 3)
+            pt.spans[j] = spans[j]
 
     def pre_group(self, pt, j, fill, bm):
         s = pt.shape

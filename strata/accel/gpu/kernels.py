@@ -141,6 +141,18 @@ class Kernels(abc.ABC):
         (presync.fills at the chunk's T)."""
 
     @abc.abstractmethod
+    def plan_write(self, blk: np.ndarray, shape, nt: int, order: np.ndarray, nc1: int, blobs: list,
+                   offs: tuple[int, ...], J1: int, J: int, tiling: tuple[int, int, int], fill: tuple[int, int]) -> None:
+        """plan_groups' input (its arguments past pt and hist) into blk, host memory of presync.PlanLayout(shape.E,
+        shape.W).nbytes (pinned), for plan_groups_at: the host's part only, nothing enqueued."""
+
+    @abc.abstractmethod
+    def plan_groups_at(self, pt, hist, blk: np.ndarray, dblk, J: int, stream) -> None:
+        """plan_groups from the input plan_write left in blk, read as the work reaches it (so a captured graph plans
+        from what the host wrote there since; dblk: device u8 of blk's size, where it lands first). J: the groups
+        the input asks for, at most (the launch's shared memory)."""
+
+    @abc.abstractmethod
     def pre_group(self, pt, j: int, fill: tuple[int, int], bm: int):
         """Group j's tables of pt as a presync.PreGroup (its GEMM tiles of bm rows)."""
 
