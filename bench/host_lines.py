@@ -1,6 +1,6 @@
 """Diagnostic, CUDA only: the host's time statement by statement on a prompt's path (line_clock.py: a clock reading
 after every statement of the functions below), on bench/prefill.py's quarter-cache engine, share off, medians of
-ROUNDS random prompts of TOKENS tokens after three warm-up ones. Three views:
+ROUNDS random prompts of TOKENS tokens after three warm-up ones. Four views:
 
 - window: each statement's us inside a layer's window after its routing sync (from the sync's return to the gather's
   launch: the GPU idle), summed over its calls there, the median per layer averaged over layers 0-2 and over the rest
@@ -8,10 +8,12 @@ ROUNDS random prompts of TOKENS tokens after three warm-up ones. Three views:
 - presync: the same, inside a layer's block from its entry to its routing sync (the counts' download, the pre-sync
   groups' plan, rows, gather and launches where presync.takes_pre says: the GPU waits for them once it has run the
   layer's dense part);
+- post: the same, from the layout's end (the gather's launch) to the combine's launch: the streamed groups, the
+  walk's copies, the next layer's guess;
 - start: the host's timeline from GpuEngine._prefill's entry to layer 0's routing sync (the GPU idle until its first
   launches), each reading's ms from the entry and us since the one before (those of 8 us or more).
 
-python bench/host_lines.py MODEL.gguf TOKENS ROUNDS window|presync|start"""
+python bench/host_lines.py MODEL.gguf TOKENS ROUNDS window|presync|post|start"""
 import collections
 import sys
 import time
@@ -25,7 +27,7 @@ from strata.accel.gpu import cuda_kernels as CK
 from strata.models import common as CM
 
 path, L, R, view = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-assert view in ("window", "presync", "start"), "window, presync or start"
+assert view in ("window", "presync", "post", "start"), "window, presync, post or start"
 if view == "presync":
     from strata.accel.gpu import cuda_presync as CP
     LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MB.MoeBlock, "_issue_pre", "_issue_pre"),
@@ -47,6 +49,12 @@ elif view == "window":
                            (CK.CudaKernels, "layer_tables", "layer_tables"), (CK._Staging, "reserve", "reserve"),
                            (CK.CudaKernels, "_send", "_send"), (CK.CudaKernels, "_room", "_room"),
                            (ST.Walk, "extend", "extend"), (ST.Walk, "prefetch", "prefetch")])
+elif view == "post":
+    LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MB.MoeBlock, "_guess", "_guess"),
+                           (MO.ExpertRunner, "group", "group"), (ST.Walk, "prefetch", "prefetch"),
+                           (ST.Walk, "_issue", "_issue"), (ST.Ring, "copy_run", "copy_run"),
+                           (ST.Walk, "consume", "consume"), (ST.Walk, "acquire", "acquire"),
+                           (ST.Walk, "ensure_issued", "ensure_issued")])
 else:
     LC.instrument_module_funcs([(BU, "carve_prompt", "carve_prompt"), (BU, "carve", "carve"),
                                 (CM, "attention", "attention")])
@@ -112,6 +120,9 @@ def windows(opens, closes, title: str, top: int) -> None:
 if view == "window":
     synced = at("t_synced = time.perf_counter()")
     windows(lambda lab, ln: lab == "block" and ln == synced, at("k.gather_f16("), "us a window", 40)
+elif view == "post":
+    windows(lambda lab, ln: lab == "block" and ln == at("self.stats.layouts += 1"), at("k.combine(out, bufs.dm"),
+            "us from the layout's end (the gather's launch) to the combine's launch", 45)
 elif view == "presync":
     windows(lambda lab, ln: lab == "ENTRY", at("t_sync = time.perf_counter()"),
             "us from the block's entry to its routing sync", 45)

@@ -72,11 +72,11 @@ def moe(self, h, layer, ids_dev, w_dev, out=None):
     e1 = tev(self.dev.compute)
     REC.append(("moe", layer, t, e0, e1, time.perf_counter()))
     return out
-def group_pre(self, layer, g, read=None):
+def group_pre(self, layer, g, read=None, rows=None):
     if REC is None:
-        return ogp(self, layer, g, read)
+        return ogp(self, layer, g, read, rows)
     h = time.perf_counter(); e0 = tev(self.dev.compute)
-    ogp(self, layer, g, read)
+    ogp(self, layer, g, read, rows)
     e1 = tev(self.dev.compute)
     REC.append(("group", layer, h, e0, e1, -1))
 ogp = moe_mod.ExpertRunner.group_pre
