@@ -124,7 +124,7 @@ class PlanLayout:
 
     @property
     def ptrs_at(self) -> int:
-        return self.order_at + _up(4 * self.E)
+        return self.order_at + up256(4 * self.E)
 
     @property
     def offs_at(self) -> int:
@@ -132,10 +132,11 @@ class PlanLayout:
 
     @property
     def nbytes(self) -> int:
-        return _up(self.offs_at + 8 * self.W)
+        return up256(self.offs_at + 8 * self.W)
 
 
-def _up(n: int) -> int:
+def up256(n: int) -> int:
+    """n rounded up to the tables' 256-byte alignment (a part's start)."""
     return -(-n // 256) * 256
 
 
@@ -143,7 +144,7 @@ def pre_bytes(shape: PreShape) -> int:
     """Device bytes of the tables (CUDA's layout: off i32 [E] | ptrs u64 [J, 2, W, G] | tiles i32 [J, ts, 3] |
     spans i32 [J, 2]; 256-byte aligned parts)."""
     s = shape
-    return _up(4 * s.E) + _up(8 * s.J * 2 * s.W * s.G) + _up(12 * s.J * s.ts) + _up(8 * s.J)
+    return up256(4 * s.E) + up256(8 * s.J * 2 * s.W * s.G) + up256(12 * s.J * s.ts) + up256(8 * s.J)
 
 
 def plan_host(cnt: np.ndarray, order: np.ndarray, nc1: int, nc: int, J1: int, J: int, G: int, few_rows: int,

@@ -9,13 +9,9 @@ from functools import cached_property
 
 import numpy as np
 
-from strata.accel.presync import PlanLayout, PreGroup, PreShape, pre_bytes
+from strata.accel.presync import PlanLayout, PreGroup, PreShape, pre_bytes, up256
 
 PLAN_THREADS = 256                  # plan_groups' block (route_kernels.cu __launch_bounds__)
-
-
-def _up(n: int) -> int:
-    return -(-n // 256) * 256
 
 
 @dataclass(frozen=True)
@@ -36,9 +32,9 @@ class CudaPreTables:
 
     @classmethod
     def at(cls, base: int, s: PreShape) -> CudaPreTables:
-        ptrs = base + _up(4 * s.E)
-        tiles = ptrs + _up(8 * s.J * 2 * s.W * s.G)
-        return cls(s, base, ptrs, tiles, tiles + _up(12 * s.J * s.ts))
+        ptrs = base + up256(4 * s.E)
+        tiles = ptrs + up256(8 * s.J * 2 * s.W * s.G)
+        return cls(s, base, ptrs, tiles, tiles + up256(12 * s.J * s.ts))
 
 
 class CudaPresyncKernels:
