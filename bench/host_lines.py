@@ -32,6 +32,8 @@ if view == "presync":
     from strata.accel.gpu import cuda_presync as CP
     LC.instrument_methods([(MB.MoeBlock, "_block", "block"), (MB.MoeBlock, "_issue_pre", "_issue_pre"),
                            (CP.CudaPresyncKernels, "plan_groups", "plan_groups"),
+                           (CP.CudaPresyncKernels, "plan_write", "plan_write"),
+                           (MO.ExpertRunner, "pre_head", "pre_head"), (MO.ExpertRunner, "_pre_run", "_pre_run"),
                            (MO.ExpertRunner, "group_pre", "group_pre"), (CK.CudaKernels, "_send", "_send"),
                            (CK.CudaKernels, "_room", "_room"), (CK.CudaKernels, "route_hist", "route_hist"),
                            (CK.CudaKernels, "route_rows", "route_rows"), (ST.Walk, "acquire", "acquire")])

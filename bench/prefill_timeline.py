@@ -7,8 +7,9 @@ python bench/prefill_timeline.py MODEL.gguf 250,900,8192 [n_ctx] [--walk=routed-
 --walk holds the walk of every chunk SPEC §3 sends down stream-all: routed-only (as policy.StreamWaste refusing) or
 stream-all (as StreamWaste admitting); without it the engine chooses. --detail=LAYER prints that layer's copy runs and
 launch groups of each prompt in the order the host issued them: host time, then the GPU's start and end (ms); a
-pre-sync group (presync.py) shows -1 members. --pre=MIN,WIDE sets MoeBlock.pre_min_tokens and pre_wide_tokens (0,0:
-every layer takes pre-sync groups); --graph-rows=N prompt_graph.GRAPH_ROWS (the chunks whose dense parts replay).
+pre-sync group, or their head or tail (ExpertRunner.pre_head, pre_tail), shows -1 members. --pre=MIN,WIDE sets
+MoeBlock.pre_min_tokens and pre_wide_tokens (0,0: every layer takes pre-sync groups); --graph-rows=N
+prompt_graph.GRAPH_ROWS (the chunks whose dense parts replay).
 
 Per prompt: the copy stream's busy time and its idle time (the next copy issued by the host after the previous one
 ended; issued early but waiting on a slot's `used` event; after the last copy), the compute stream's expert-group
@@ -79,9 +80,16 @@ def group_pre(self, layer, g, read=None, rows=None):
     ogp(self, layer, g, read, rows)
     e1 = tev(self.dev.compute)
     REC.append(("group", layer, h, e0, e1, -1))
-ogp = moe_mod.ExpertRunner.group_pre
+def pre_run(self, layer, *a, **kw):      # the pre-sync head or tail (ExpertRunner.pre_head / pre_tail)
+    if REC is None:
+        return opr(self, layer, *a, **kw)
+    h = time.perf_counter(); e0 = tev(self.dev.compute)
+    opr(self, layer, *a, **kw)
+    e1 = tev(self.dev.compute)
+    REC.append(("group", layer, h, e0, e1, -1))
+ogp, opr = moe_mod.ExpertRunner.group_pre, moe_mod.ExpertRunner._pre_run
 st.Ring.copy_run, moe_mod.ExpertRunner.group, GpuEngine.moe, st.Walk._issue = copy_run, group, moe, issue
-moe_mod.ExpertRunner.group_pre = group_pre
+moe_mod.ExpertRunner.group_pre, moe_mod.ExpertRunner._pre_run = group_pre, pre_run
 if rows is not None:
     pgm.GRAPH_ROWS = rows                  # read when the engine plans and builds its PromptGraphs
 logs = []

@@ -207,8 +207,9 @@ class ExpertRunner:
             k.plan_groups_at(self.pre, b.hist, pin[0], pin[1], J, s)
             k.route_rows(b.slot, b.src, ids, k.pre_route_off(self.pre), b.hist, P, self.cfg.n_expert_used, s)
             k.gather_f16(b.xg[:P], h, b.src, s)                              # Xg [R, D] fp16, row order
+        # the chunk's buffers and the block's address are in _pre_run's key part; the layer's input and ids vary
         self._pre_run(layer, range(J1), fill, tiling, rows, start,
-                      ("head", where((b.slot, b.src, b.hist, ids, h, pin)), P, J))
+                      ("head", where((ids, h)), pin[0].__array_interface__["data"][0], P, J))
 
     def pre_tail(self, layer: int, J1: int, J: int, fill: tuple[int, int], tiling: tuple[int, int, int],
                  rows: float | None) -> None:
@@ -234,13 +235,14 @@ class ExpertRunner:
         if self.graphs is None or (js and tg != tu and not fz[0]):
             run()
             return
-        self.graphs.run(key + (self._buffers_key(), where(self.bufs.pre), self.types[layer], fz, js, fill, tiling), run)
+        self.graphs.run(key + (self._buffers_key(), self.types[layer], fz, js, fill, tiling), run)
 
     def _buffers_key(self):
-        """The chunk's buffers as a key part (presync.where), made once a chunk: one part for all its groups."""
+        """The chunk's buffers as a key part (presync.where), made once a chunk: one part for all its groups and
+        layers (where() takes ~5 us an array on the H200's host, bench/results/h200/presync_lines_900_stop54b.log)."""
         if self._where is None:
             b = self.bufs
-            self._where = where((b.w_gu, b.gu, b.xg, b.hh, b.dm, b.w_d, b.rows))
+            self._where = where((b.w_gu, b.gu, b.xg, b.hh, b.dm, b.w_d, b.rows, b.slot, b.src, b.hist, b.pre))
         return self._where
 
     def _fused(self, layer: int, fits: bool) -> tuple[bool, bool]:
